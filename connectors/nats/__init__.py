@@ -1,0 +1,1 @@
+"""The NATS JetStream sink: publishing with acknowledgements, one partition per key range."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL source: pgoutput decoding, the replication session, the Bytewax partition."""

@@ -1,0 +1,7 @@
+"""Throwaway PostgreSQL and NATS servers for the test suite and the demo (one module, both users)."""
+
+from embedded._process import ServerError
+from embedded.nats import NatsNotFound, NatsServer
+from embedded.postgres import PostgresNotFound, PostgresServer
+
+__all__ = ["NatsNotFound", "NatsServer", "PostgresNotFound", "PostgresServer", "ServerError"]

@@ -1,0 +1,218 @@
+"""Child processes for the embedded servers.
+
+Tests and the demo start real PostgreSQL and NATS servers. They must leave nothing behind,
+not even when the parent is killed: each server runs in its own session (so a Ctrl-C in
+the terminal reaches the parent first, which then stops it in order), is sent SIGKILL by
+the kernel when the parent dies (``PR_SET_PDEATHSIG``), and lives in a private directory
+that records its owner's PID so that a later run can sweep what a killed run left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+_PR_SET_PDEATHSIG = 1
+_DIR_PREFIX = "walflow-"
+_OWNER_FILE = "owner.pid"
+
+
+class ServerError(RuntimeError):
+    """An embedded server could not be found, started or stopped."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller retries if it is taken meanwhile)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    check: Callable[[], None] | None = None,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``condition`` until it holds; ``check`` may raise to give up early (a dead process)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check is not None:
+            check()
+        if condition():
+            return
+        if time.monotonic() >= deadline:
+            raise ServerError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class Account:
+    """The user a server runs as: ourselves, or an unprivileged one when we are root."""
+
+    uid: int
+    gid: int
+    name: str
+
+    @classmethod
+    def for_servers(cls) -> "Account":
+        """PostgreSQL refuses to run as root: pick ``postgres`` (or ``nobody``) in that case."""
+        if os.geteuid() != 0:
+            return cls(os.geteuid(), os.getegid(), pwd.getpwuid(os.geteuid()).pw_name)
+        for name in ("postgres", "nobody"):
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            return cls(entry.pw_uid, entry.pw_gid, name)
+        raise ServerError("running as root and found neither a 'postgres' nor a 'nobody' user to run PostgreSQL as")
+
+    @property
+    def is_self(self) -> bool:
+        return self.uid == os.geteuid()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child after setuid: the kernel kills it if the spawning thread dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_dirs() -> None:
+    """Remove directories that earlier runs left when they were killed before cleaning up."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*"):
+        owner = path / _OWNER_FILE
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def private_dir(kind: str, account: Account) -> Path:
+    """A fresh directory under the system temp dir, owned by ``account``, tagged with our PID."""
+    sweep_stale_dirs()
+    path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{kind}-"))
+    (path / _OWNER_FILE).write_text(str(os.getpid()))
+    if not account.is_self:
+        os.chown(path, account.uid, account.gid)
+    path.chmod(0o700)
+    return path
+
+
+class ServerProcess:
+    """One long-running child process with its output in a log file."""
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, cwd: Path, account: Account) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.cwd = cwd
+        self.account = account
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        if self.running:
+            raise ServerError(f"{self.argv[0]} is already running as PID {self.pid}")
+        with open(self.log_path, "ab") as log:
+            if not self.account.is_self:
+                os.chown(self.log_path, self.account.uid, self.account.gid)
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                **self._credentials(),
+            )
+
+    def _credentials(self) -> dict[str, object]:
+        if self.account.is_self:
+            return {}
+        return {"user": self.account.uid, "group": self.account.gid, "extra_groups": []}
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def check_running(self) -> None:
+        """Raise with the log's tail if the process has exited (used while waiting for readiness)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise ServerError(
+                f"{Path(self.argv[0]).name} exited with code {self._proc.returncode}:\n{self.log_tail()}"
+            )
+
+    def send(self, sig: int) -> None:
+        if self.running:
+            assert self._proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        """Send ``sig`` and wait; escalate to SIGKILL of the whole session if it does not exit."""
+        if self._proc is None:
+            return
+        self.send(sig)
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=timeout)
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the server's own children notice and exit by themselves."""
+        self.stop(signal.SIGKILL)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def run_as(argv: Sequence[str], account: Account, *, cwd: Path, what: str) -> None:
+    """Run a short command (initdb) as ``account``; raise with its output if it fails."""
+    credentials = {} if account.is_self else {"user": account.uid, "group": account.gid, "extra_groups": []}
+    result = subprocess.run(
+        list(argv),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+        **credentials,  # type: ignore[arg-type]
+    )
+    if result.returncode != 0:
+        raise ServerError(f"{what} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")

@@ -1,0 +1,1 @@
+"""Per-change steps between source and sink: filter, group, envelope, route."""
