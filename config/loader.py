@@ -1,0 +1,207 @@
+"""Reading a config file: interpolate, parse YAML, drop Sequin-only keys, validate.
+
+Every error names the key path (``sinks[0].destination.port: …``) and says what is
+expected, so a user can fix the file without reading walflow's code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from config.interpolate import InterpolationError, interpolate
+from config.schema import Config, Section
+
+log = logging.getLogger("walflow.config")
+
+DEFAULT_PATH = "config/walflow.yaml"
+_SECRET_KEYS = frozenset({"password", "jwt", "nkey_seed", "token"})
+
+Location = Sequence[str | int]
+
+
+class ConfigError(ValueError):
+    """The config cannot be used; ``problems`` holds one ``path: message`` line each."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid walflow config {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def config_path(env: Mapping[str, str] | None = None) -> str:
+    """The file named by ``WALFLOW_CONFIG``, else ``config/walflow.yaml``."""
+    return (env if env is not None else os.environ).get("WALFLOW_CONFIG") or DEFAULT_PATH
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    """Load and validate the config file at ``path``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
+    return parse_config(text, source=str(path), env=env)
+
+
+def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None) -> Config:
+    """Validate config ``text``; warnings go to the ``walflow.config`` logger."""
+    try:
+        expanded = interpolate(text, os.environ if env is None else env)
+    except InterpolationError as exc:
+        raise ConfigError(source, [f"{_path_at(text, exc.offset)}: {exc}"]) from None
+    try:
+        data = yaml.safe_load(expanded)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [_yaml_problem(exc)]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): expected a mapping with databases: and sinks:"])
+    for warning in drop_ignored(Config, data, ()):
+        log.warning(warning)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [describe(error) for error in exc.errors()]) from None
+
+
+# -- ignored keys --------------------------------------------------------------------------
+
+
+def drop_ignored(model: type[Section], data: Any, loc: Location) -> list[str]:
+    """Remove the keys that ``model`` (and the models below it) ignore; return one warning each."""
+    if not isinstance(data, dict):
+        return []
+    warnings = []
+    for key, reason in model.ignored.items():
+        if key in data:
+            del data[key]
+            warnings.append(f"{format_path([*loc, key])} is ignored: {reason}")
+    for name, field in model.model_fields.items():
+        child = _section_type(field.annotation)
+        if child is None or name not in data:
+            continue
+        value = data[name]
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                warnings += drop_ignored(child, item, [*loc, name, i])
+        else:
+            warnings += drop_ignored(child, value, [*loc, name])
+    return warnings
+
+
+def _section_type(annotation: Any) -> type[Section] | None:
+    """The Section model inside ``X``, ``list[X]`` or ``X | None``, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _section_type(arg)
+            if found is not None:
+                return found
+    return None
+
+
+# -- error messages --------------------------------------------------------------------------
+
+
+def format_path(loc: Location) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def describe(error: ErrorDetails) -> str:
+    """One line for one pydantic error: the key path, then what is wrong and what is expected."""
+    loc = [part for part in error["loc"] if not _is_tag(part)]
+    path = format_path(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key{_suggestion(loc)}"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not loc and ":" in message.split(" ")[0]:
+        return message  # a cross-reference check that names its own path
+    if kind not in ("value_error", "assertion_error") and not _is_secret(loc):
+        message += f" (got {_show(error.get('input'))})"
+    return f"{path}: {message}"
+
+
+def _is_tag(part: str | int) -> bool:
+    """Pydantic adds a union member's name to the location (``str``, ``list[str]``)."""
+    return isinstance(part, str) and (part in ("str", "int", "bool") or "[" in part or part.startswith("function-"))
+
+
+def _is_secret(loc: Location) -> bool:
+    return any(part in _SECRET_KEYS for part in loc)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _suggestion(loc: Location) -> str:
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    known = sorted(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{hint}; expected one of: {', '.join(known)}"
+
+
+def _model_at(loc: Location) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Config
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        model = _section_type(field.annotation) if field is not None else None
+    return model
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(somewhere)"
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{where}: not valid YAML: {problem}"
+
+
+def _path_at(text: str, offset: int) -> str:
+    """The key path of the YAML value around ``offset`` in the raw text (or its line number)."""
+    line = text.count("\n", 0, offset) + 1
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return f"line {line}"
+    loc = _locate(root, offset, [])
+    return format_path(loc) if loc else f"line {line}"
+
+
+def _locate(node: yaml.Node | None, offset: int, loc: list[str | int]) -> list[str | int] | None:
+    if node is None or not node.start_mark.index <= offset < max(node.end_mark.index, node.start_mark.index + 1):
+        return None
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            found = _locate(value, offset, [*loc, key.value])
+            if found is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _locate(item, offset, [*loc, i])
+            if found is not None:
+                return found
+    return loc

@@ -1,0 +1,320 @@
+"""The configuration schema: Sequin's YAML for a Postgres source and NATS sinks, plus ``walflow:``.
+
+Every model forbids unknown keys, so a typo is an error that names its path. Keys that
+Sequin knows but walflow does not use are listed in a model's ``ignored`` mapping with the
+reason; the loader drops them with one warning each. Secrets are ``SecretStr``: they print
+as ``**********`` in ``repr()``, logs and error messages.
+
+Adding a tunable is one line in ``WalflowSettings`` (or in the model it belongs to), with
+its default and a comment on why that default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal, Mapping
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FilePath, SecretStr, field_validator, model_validator
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Milliseconds = Annotated[int, Field(gt=0)]
+Action = Literal["insert", "update", "delete"]
+
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+_SUBJECT_TOKENS = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+_STREAM_NAME = re.compile(r"^[^\s.*>/\\]{1,255}$")
+
+
+class Section(BaseModel):
+    """Base for every config model: strict about keys, immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=False)
+
+    #: Sequin keys accepted and dropped with a warning: key -> why walflow does not use it.
+    ignored: ClassVar[Mapping[str, str]] = {}
+
+
+def _qualified_table(value: str) -> str:
+    schema, dot, table = value.partition(".")
+    if not dot or not schema or not table:
+        raise ValueError(f"'{value}' is not a qualified table name: write schema.table, e.g. public.{value or 'orders'}")
+    return value
+
+
+QualifiedTable = Annotated[str, AfterValidator(_qualified_table)]
+
+
+# -- databases ---------------------------------------------------------------------------
+
+
+class SlotConfig(Section):
+    name: str
+    create_if_not_exists: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _slot_name(cls, value: str) -> str:
+        if not _SLOT_NAME.match(value):
+            raise ValueError(f"'{value}' is not a valid slot name: use 1-63 lower-case letters, digits and underscores")
+        return value
+
+
+class PublicationConfig(Section):
+    name: str = Field(min_length=1, max_length=63)
+    create_if_not_exists: bool = False
+    #: Sequin's statement for creating the publication; default: FOR ALL TABLES.
+    init_sql: str | None = None
+
+
+class AwaitDatabase(Section):
+    """How long to wait for the database at startup, as in Sequin."""
+
+    timeout_ms: Milliseconds = 30_000
+    interval_ms: Milliseconds = 3_000
+
+
+class DatabaseConfig(Section):
+    ignored: ClassVar[Mapping[str, str]] = {
+        "pool_size": "walflow opens its own two connections (replication and heartbeats)",
+        "tables": "the publication decides which tables are captured; filter per sink with source.*",
+        "primary": "reading from a standby is not supported yet; point hostname at the primary",
+    }
+
+    name: str = Field(min_length=1)
+    hostname: str = Field(min_length=1)
+    port: Port = 5432
+    database: str = Field(min_length=1)
+    username: str = "postgres"
+    #: None: libpq's own fallbacks apply (PGPASSWORD, ~/.pgpass).
+    password: SecretStr | None = None
+    ssl: bool = False
+    slot: SlotConfig
+    publication: PublicationConfig
+    await_database: AwaitDatabase = AwaitDatabase()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        """Older Sequin configs say ``slot_name``/``publication_name``; both forms are accepted."""
+        if isinstance(data, dict):
+            data = dict(data)
+            for legacy, key in (("slot_name", "slot"), ("publication_name", "publication")):
+                if legacy in data:
+                    if key in data:
+                        raise ValueError(f"give either {key}.name or {legacy}, not both")
+                    data[key] = {"name": data.pop(legacy)}
+        return data
+
+
+# -- sinks -------------------------------------------------------------------------------
+
+
+class SourceFilter(Section):
+    """Which published tables a sink receives; None means no restriction."""
+
+    include_schemas: list[str] | None = None
+    exclude_schemas: list[str] | None = None
+    include_tables: list[QualifiedTable] | None = None
+    exclude_tables: list[QualifiedTable] | None = None
+
+
+class TableConfig(Section):
+    """Per-table settings (Sequin's ``tables``): the columns that group a row's changes."""
+
+    name: QualifiedTable
+    group_column_names: list[str] = Field(min_length=1)
+
+
+class StreamConfig(Section):
+    """The JetStream stream that stores the events; created when missing unless told not to."""
+
+    name: str = "WALFLOW"
+    create_if_not_exists: bool = True
+    #: None: ``<subject_prefix>.>``.
+    subjects: list[str] | None = None
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(default=1, ge=1, le=5)
+    #: JetStream drops a re-published Nats-Msg-Id within this window (its default, 2 minutes).
+    duplicate_window_ms: Milliseconds = 120_000
+    #: 0 / -1: unlimited, as in JetStream.
+    max_age_ms: int = Field(default=0, ge=0)
+    max_bytes: int = Field(default=-1, ge=-1)
+    max_msgs: int = Field(default=-1, ge=-1)
+
+    @field_validator("name")
+    @classmethod
+    def _stream_name(cls, value: str) -> str:
+        if not _STREAM_NAME.match(value):
+            raise ValueError(f"'{value}' is not a valid stream name: no spaces, '.', '*', '>', '/' or '\\'")
+        return value
+
+
+class NatsDestination(Section):
+    """Sequin's NATS sink keys (host, port, credentials, tls) plus walflow's additions."""
+
+    type: Literal["nats"]
+    host: str | None = None
+    port: Port = 4222
+    #: Several servers (``nats://a:4222``); replaces host/port.
+    servers: list[str] | None = Field(default=None, min_length=1)
+    username: str | None = None
+    password: SecretStr | None = None
+    jwt: SecretStr | None = None
+    nkey_seed: SecretStr | None = None
+    creds_file: FilePath | None = None
+    tls: bool = False
+    tls_ca_file: FilePath | None = None
+    subject_prefix: str = "walflow"
+    stream: StreamConfig = StreamConfig()
+
+    @field_validator("subject_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not _SUBJECT_TOKENS.match(value):
+            raise ValueError(f"'{value}' is not a valid subject prefix: dot-separated tokens of letters, digits, '-' and '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _connection(self) -> "NatsDestination":
+        if (self.host is None) == (self.servers is None):
+            raise ValueError("set either host (with port) or servers, exactly one of them")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together: set both or neither")
+        if self.creds_file is not None and (self.jwt is not None or self.nkey_seed is not None):
+            raise ValueError("creds_file already holds the JWT and nkey seed: drop jwt/nkey_seed, or drop creds_file")
+        return self
+
+    @property
+    def server_urls(self) -> list[str]:
+        if self.servers is not None:
+            return list(self.servers)
+        scheme = "tls" if self.tls else "nats"
+        return [f"{scheme}://{self.host}:{self.port}"]
+
+    @property
+    def stream_subjects(self) -> list[str]:
+        return self.stream.subjects if self.stream.subjects is not None else [f"{self.subject_prefix}.>"]
+
+
+#: Sequin functions are Elixir code that walflow cannot run; only "none" keeps the meaning.
+NoFunction = Literal["none"]
+
+
+class SinkConfig(Section):
+    ignored: ClassVar[Mapping[str, str]] = {
+        "batch_size": "walflow batches by itself (many messages in flight, acknowledged per epoch)",
+        "batch_timeout_ms": "walflow batches by itself",
+        "max_retry_count": "walflow never discards a change: it retries until JetStream accepts it",
+        "load_shedding_policy": "walflow never sheds load: a slow sink slows the reader down",
+        "max_memory_mb": "walflow bounds memory for the whole pipeline: set walflow.max_memory_mb",
+        "partition_count": "walflow partitions by group key over all workers",
+        "initial_backfill": "backfills are not supported yet",
+        "ack_wait_ms": "only used by Sequin Stream sinks",
+        "max_ack_pending": "only used by Sequin Stream sinks",
+        "max_waiting": "only used by Sequin Stream sinks",
+        "max_deliver": "only used by Sequin Stream sinks",
+    }
+
+    name: str = Field(min_length=1)
+    database: str
+    status: Literal["active", "disabled"] = "active"
+    actions: list[Action] = Field(default=["insert", "update", "delete"], min_length=1)
+    source: SourceFilter = SourceFilter()
+    #: Older Sequin form: one table per sink (``schema.table``).
+    table: QualifiedTable | None = None
+    tables: list[TableConfig] = []
+    #: Older Sequin form, with ``table``: that table's group columns.
+    group_column_names: list[str] | None = None
+    message_grouping: bool = True
+    annotations: dict[str, Any] = {}
+    timestamp_format: Literal["iso8601", "unix_microsecond"] = "iso8601"
+    filter: NoFunction | None = None
+    transform: NoFunction | None = None
+    routing: NoFunction | None = None
+    enrichment: NoFunction | None = None
+    destination: NatsDestination
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_actions(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("filters"):
+            raise ValueError("column filters (filters:) are not supported yet; filter with source.* and actions")
+        return data
+
+    @model_validator(mode="after")
+    def _grouping(self) -> "SinkConfig":
+        if self.group_column_names is not None and self.table is None:
+            raise ValueError("group_column_names at sink level needs table: (or use tables: [{name, group_column_names}])")
+        if not self.message_grouping and (self.tables or self.group_column_names):
+            raise ValueError("group columns are set but message_grouping is false: remove one of them")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.status == "active"
+
+
+# -- walflow's own settings ---------------------------------------------------------------
+
+
+class WalflowSettings(Section):
+    """Tunables that Sequin's format has no place for. One line each."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Change data held in memory between the slot and JetStream, for the whole pipeline
+    #: (Sequin's per-sink max_memory_mb, but settable here and enforced as one bound).
+    max_memory_mb: int = Field(default=128, ge=8)
+
+
+class Config(Section):
+    ignored: ClassVar[Mapping[str, str]] = {
+        "account": "walflow has no accounts",
+        "users": "walflow has no users",
+        "api_tokens": "walflow has no API",
+        "http_endpoints": "walflow only has NATS sinks",
+        "functions": "walflow does not run Sequin functions",
+        "transforms": "walflow does not run Sequin transforms",
+        "change_retentions": "walflow does not write change tables",
+    }
+
+    databases: list[DatabaseConfig] = Field(min_length=1)
+    sinks: list[SinkConfig] = Field(min_length=1)
+    walflow: WalflowSettings = WalflowSettings()
+
+    @model_validator(mode="after")
+    def _references(self) -> "Config":
+        _unique("databases", [d.name for d in self.databases])
+        _unique("sinks", [s.name for s in self.sinks])
+        names = [d.name for d in self.databases]
+        for i, sink in enumerate(self.sinks):
+            if sink.database not in names:
+                raise ValueError(
+                    f"sinks[{i}].database: '{sink.database}' is not a database in this file "
+                    f"(databases: {', '.join(names)})"
+                )
+        return self
+
+    def database(self, name: str) -> DatabaseConfig:
+        return next(d for d in self.databases if d.name == name)
+
+
+def _unique(section: str, names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ValueError(f"{section}[{i}].name: '{name}' is used twice; names must be unique")
+
+
+__all__ = [
+    "Config",
+    "DatabaseConfig",
+    "NatsDestination",
+    "Section",
+    "SinkConfig",
+    "StreamConfig",
+    "WalflowSettings",
+]
