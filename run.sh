@@ -83,10 +83,12 @@ setup() {
         rm -rf "$VENV"
     fi
     [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV" || die "could not create $VENV (is the venv module installed?)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip \
-        || die "could not upgrade pip in $VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]" \
-        || die "could not install walflow and its dependencies into $VENV (see pip's output above)"
+    local log="$VENV/setup.log"
+    if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip \
+           && "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".[test]"; } >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "could not install walflow and its dependencies into $VENV (full log: $log)"
+    fi
     echo "$want" >"$STAMP"
     say "setup done"
 }

@@ -1,0 +1,198 @@
+"""Test-side helpers around the embedded servers: per-test names, external servers, cleanup.
+
+Each test gets its own database, slot, publication, stream and subject prefix, so tests
+never see each other's data while sharing one PostgreSQL and one NATS per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import nats
+import psycopg
+import pytest
+from nats.js.errors import NotFoundError
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from embedded import wait_for
+
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class TestNames:
+    """Names that belong to one test only."""
+
+    __test__ = False  # not a test class, despite its name
+
+    database: str
+    slot: str
+    publication: str
+    stream: str
+    subject_prefix: str
+
+    @classmethod
+    def for_test(cls, test_name: str) -> "TestNames":
+        slug = re.sub(r"[^a-z0-9]+", "_", test_name.lower()).strip("_")[:30]
+        tag = f"{next(_counter)}_{os.getpid()}"
+        return cls(
+            database=f"wf_{slug}_{tag}",
+            slot=f"wf_slot_{tag}",
+            publication=f"wf_pub_{tag}",
+            stream=f"WF_{tag}",
+            subject_prefix=f"wf{tag}",
+        )
+
+
+class Postgres(Protocol):
+    """What tests use of a PostgreSQL server, embedded or external."""
+
+    @property
+    def running(self) -> bool: ...
+    def dsn(self, dbname: str = "postgres", **params: str) -> str: ...
+    def start(self) -> object: ...
+    def stop(self, mode: str = "fast") -> None: ...
+    def kill(self) -> None: ...
+    def restart(self, mode: str = "fast") -> None: ...
+
+
+class Nats(Protocol):
+    """What tests use of a NATS server, embedded or external."""
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def url(self) -> str: ...
+    def start(self) -> object: ...
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def restart(self) -> None: ...
+
+
+def _needs_embedded(what: str, variable: str) -> None:
+    pytest.skip(f"needs the embedded {what}: {variable} points the tests at an external server")
+
+
+class ExternalPostgres:
+    """A server given by ``WALFLOW_TEST_PG_DSN``: usable, but not ours to stop."""
+
+    running = True
+
+    def __init__(self, dsn: str) -> None:
+        self._params = conninfo_to_dict(dsn)
+
+    def dsn(self, dbname: str = "postgres", **params: str) -> str:
+        return make_conninfo(**{**self._params, "dbname": dbname, **params})
+
+    def start(self) -> object:
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        _needs_embedded("PostgreSQL", "WALFLOW_TEST_PG_DSN")
+
+    kill = restart = stop  # type: ignore[assignment]
+
+
+class ExternalNats:
+    """A server given by ``WALFLOW_TEST_NATS_URL``."""
+
+    running = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def start(self) -> object:
+        return self
+
+    def stop(self) -> None:
+        _needs_embedded("NATS", "WALFLOW_TEST_NATS_URL")
+
+    kill = restart = stop
+
+
+@dataclass
+class Database:
+    """A test's own database on the shared server."""
+
+    server: Postgres
+    names: TestNames
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn(self.names.database)
+
+    def connect(self, **kwargs: object) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+    def create(self) -> None:
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.names.database)))
+
+    def drop(self) -> None:
+        """Drop the test's slots (ending any walsender that holds one) and its database."""
+        if not self.server.running:
+            return
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            wait_for(lambda: self._drop_slots(conn), timeout=30, what=f"the slots of {self.names.database} to drop")
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.names.database)))
+
+    def _drop_slots(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+        rows = conn.execute(
+            "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", [self.names.database]
+        ).fetchall()
+        for slot, active_pid in rows:
+            if active_pid is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", [active_pid])
+                continue
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+            except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
+                continue
+        return not conn.execute(
+            "SELECT 1 FROM pg_replication_slots WHERE database = %s", [self.names.database]
+        ).fetchone()
+
+
+def delete_stream(url: str, stream: str) -> None:
+    """Remove a test's stream if it exists."""
+
+    async def run() -> None:
+        nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+        try:
+            try:
+                await nc.jetstream().delete_stream(stream)
+            except NotFoundError:
+                pass
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
+
+
+def children_of(pid: int) -> set[int]:
+    """PIDs whose parent is ``pid`` (PostgreSQL's backends), read from /proc."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -1,0 +1,146 @@
+"""The embedded servers: real PostgreSQL with logical decoding, real JetStream, clean teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nats
+import psycopg
+import pytest
+from nats.js.api import StreamConfig
+
+from embedded import NatsServer, PostgresServer, wait_for
+from embedded._process import sweep_stale_dirs
+from tests.harness import Database, Nats, Postgres, TestNames, alive, children_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_postgres_slot_streams_pgoutput(database: Database, names: TestNames) -> None:
+    with database.connect() as conn:
+        assert conn.execute("SHOW wal_level").fetchone() == ("logical",)
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, status text)")
+        conn.execute(f"CREATE PUBLICATION {names.publication} FOR TABLE orders")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
+        conn.execute("INSERT INTO orders VALUES (1, 'new')")
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+            "'proto_version', '1', 'publication_names', %s)",
+            [names.slot, names.publication],
+        ).fetchall()
+    kinds = [bytes(row[0])[:1] for row in rows]
+    assert kinds == [b"B", b"R", b"I", b"C"]
+    assert b"new" in bytes(rows[2][0])
+
+
+def test_replication_connection_is_accepted(database: Database) -> None:
+    with psycopg.connect(database.dsn, autocommit=True, replication="database") as conn:
+        system_id, timeline, xlogpos, dbname = conn.execute("IDENTIFY_SYSTEM").fetchone()  # type: ignore[misc]
+    assert dbname == database.names.database
+    assert "/" in xlogpos
+
+
+async def _publish_and_read(url: str, stream: str, subject: str) -> tuple[int, bytes, str | None]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=stream, subjects=[f"{subject.split('.')[0]}.>"]))
+        ack = await js.publish(subject, b'{"id": 1}', headers={"Nats-Msg-Id": "k1"})
+        msg = await js.get_msg(stream, ack.seq)
+        return ack.seq, msg.data or b"", (msg.headers or {}).get("Nats-Msg-Id")
+    finally:
+        await nc.close()
+
+
+def test_jetstream_stream_accepts_publishes(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
+    seq, data, msg_id = asyncio.run(_publish_and_read(nats_srv.url, stream_cleanup, f"{names.subject_prefix}.a.b"))
+    assert (seq, data, msg_id) == (1, b'{"id": 1}', "k1")
+
+
+def test_postgres_restart_keeps_data_and_port(pg: Postgres, database: Database) -> None:
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE t (x int)")
+        conn.execute("INSERT INTO t VALUES (42)")
+    old_dsn = database.dsn
+    pg.kill()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(old_dsn, connect_timeout=2)
+    pg.start()  # crash recovery after SIGKILL
+    assert database.dsn == old_dsn
+    with database.connect() as conn:
+        assert conn.execute("SELECT x FROM t").fetchall() == [(42,)]
+    pg.restart()
+    with database.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def test_nats_restart_keeps_stream(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
+    subject = f"{names.subject_prefix}.x"
+    asyncio.run(_publish_and_read(nats_srv.url, stream_cleanup, subject))
+    nats_srv.restart()
+
+    async def count() -> int:
+        nc = await nats.connect(nats_srv.url)
+        try:
+            return (await nc.jetstream().stream_info(stream_cleanup)).state.messages
+        finally:
+            await nc.close()
+
+    assert asyncio.run(count()) == 1
+
+
+def test_close_leaves_no_process_or_directory() -> None:
+    pg, nc = PostgresServer().start(), NatsServer().start()
+    assert pg.pid is not None and nc.pid is not None and pg.base is not None and nc.base is not None
+    with psycopg.connect(pg.dsn()):  # a backend process exists while connected
+        processes = {pg.pid, nc.pid, *children_of(pg.pid)}
+    assert len(processes) > 2  # the postmaster has its background workers
+    dirs = [pg.base, nc.base]
+    pg.close()
+    nc.close()
+    assert [pid for pid in processes if alive(pid)] == []
+    assert [d for d in dirs if d.exists()] == []
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import json, signal, sys, time
+    from embedded import NatsServer, PostgresServer
+    with PostgresServer() as pg, NatsServer() as nc:
+        print(json.dumps({"pids": [pg.pid, nc.pid], "dirs": [str(pg.base), str(nc.base)]}), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def _start_holder() -> tuple[subprocess.Popen[str], list[int], list[Path]]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    return proc, info["pids"], [Path(d) for d in info["dirs"]]
+
+
+def test_ctrl_c_stops_servers_and_removes_directories() -> None:
+    proc, pids, dirs = _start_holder()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert [pid for pid in pids if alive(pid)] == []
+    assert [d for d in dirs if d.exists()] == []
+
+
+def test_killed_parent_takes_servers_with_it() -> None:
+    """kill -9 of the test process: the kernel kills the servers; the next run sweeps the dirs."""
+    proc, pids, dirs = _start_holder()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30, what="servers to die with their parent")
+    assert all(d.exists() for d in dirs)  # nobody could clean up...
+    sweep_stale_dirs()
+    assert [d for d in dirs if d.exists()] == []  # ...until the next run swept them
