@@ -10,7 +10,7 @@ the key that holds it.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 _TOKEN = re.compile(r"\$\$\{|\$\{")
 _REFERENCE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")

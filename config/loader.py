@@ -11,8 +11,9 @@ import logging
 import os
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError

@@ -12,7 +12,8 @@ its default and a comment on why that default.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FilePath, SecretStr, field_validator, model_validator
 
@@ -20,9 +21,6 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 Milliseconds = Annotated[int, Field(gt=0)]
 Action = Literal["insert", "update", "delete"]
 
-_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
-_SUBJECT_TOKENS = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
-_STREAM_NAME = re.compile(r"^[^\s.*>/\\]{1,255}$")
 
 
 class Section(BaseModel):
@@ -41,22 +39,34 @@ def _qualified_table(value: str) -> str:
     return value
 
 
+def _matching(pattern: str, expected: str) -> AfterValidator:
+    """A validator for names that must match ``pattern``; the error says what is ``expected``."""
+    regex = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise ValueError(f"'{value}' is not {expected}")
+        return value
+
+    return AfterValidator(check)
+
+
 QualifiedTable = Annotated[str, AfterValidator(_qualified_table)]
+SlotName = Annotated[str, _matching(r"[a-z0-9_]{1,63}", "a valid slot name: use 1-63 lower-case letters, digits and underscores")]
+StreamName = Annotated[str, _matching(r"[^\s.*>/\\]{1,255}", "a valid stream name: no spaces, '.', '*', '>', '/' or '\\'")]
+SubjectPrefix = Annotated[
+    str,
+    _matching(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*",
+              "a valid subject prefix: dot-separated tokens of letters, digits, '-' and '_'"),
+]
 
 
 # -- databases ---------------------------------------------------------------------------
 
 
 class SlotConfig(Section):
-    name: str
+    name: SlotName
     create_if_not_exists: bool = False
-
-    @field_validator("name")
-    @classmethod
-    def _slot_name(cls, value: str) -> str:
-        if not _SLOT_NAME.match(value):
-            raise ValueError(f"'{value}' is not a valid slot name: use 1-63 lower-case letters, digits and underscores")
-        return value
 
 
 class PublicationConfig(Section):
@@ -128,7 +138,7 @@ class TableConfig(Section):
 class StreamConfig(Section):
     """The JetStream stream that stores the events; created when missing unless told not to."""
 
-    name: str = "WALFLOW"
+    name: StreamName = "WALFLOW"
     create_if_not_exists: bool = True
     #: None: ``<subject_prefix>.>``.
     subjects: list[str] | None = None
@@ -140,13 +150,6 @@ class StreamConfig(Section):
     max_age_ms: int = Field(default=0, ge=0)
     max_bytes: int = Field(default=-1, ge=-1)
     max_msgs: int = Field(default=-1, ge=-1)
-
-    @field_validator("name")
-    @classmethod
-    def _stream_name(cls, value: str) -> str:
-        if not _STREAM_NAME.match(value):
-            raise ValueError(f"'{value}' is not a valid stream name: no spaces, '.', '*', '>', '/' or '\\'")
-        return value
 
 
 class NatsDestination(Section):
@@ -164,18 +167,11 @@ class NatsDestination(Section):
     creds_file: FilePath | None = None
     tls: bool = False
     tls_ca_file: FilePath | None = None
-    subject_prefix: str = "walflow"
+    subject_prefix: SubjectPrefix = "walflow"
     stream: StreamConfig = StreamConfig()
 
-    @field_validator("subject_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not _SUBJECT_TOKENS.match(value):
-            raise ValueError(f"'{value}' is not a valid subject prefix: dot-separated tokens of letters, digits, '-' and '_'")
-        return value
-
     @model_validator(mode="after")
-    def _connection(self) -> "NatsDestination":
+    def _connection(self) -> NatsDestination:
         if (self.host is None) == (self.servers is None):
             raise ValueError("set either host (with port) or servers, exactly one of them")
         if (self.username is None) != (self.password is None):
@@ -247,7 +243,7 @@ class SinkConfig(Section):
         return data
 
     @model_validator(mode="after")
-    def _grouping(self) -> "SinkConfig":
+    def _grouping(self) -> SinkConfig:
         if self.group_column_names is not None and self.table is None:
             raise ValueError("group_column_names at sink level needs table: (or use tables: [{name, group_column_names}])")
         if not self.message_grouping and (self.tables or self.group_column_names):
@@ -287,7 +283,7 @@ class Config(Section):
     walflow: WalflowSettings = WalflowSettings()
 
     @model_validator(mode="after")
-    def _references(self) -> "Config":
+    def _references(self) -> Config:
         _unique("databases", [d.name for d in self.databases])
         _unique("sinks", [s.name for s in self.sinks])
         names = [d.name for d in self.databases]

@@ -19,9 +19,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from types import TracebackType
+from typing import Self
 
 _PR_SET_PDEATHSIG = 1
 _DIR_PREFIX = "walflow-"
@@ -68,7 +70,7 @@ class Account:
     name: str
 
     @classmethod
-    def for_servers(cls) -> "Account":
+    def for_servers(cls) -> Account:
         """PostgreSQL refuses to run as root: pick ``postgres`` (or ``nobody``) in that case."""
         if os.geteuid() != 0:
             return cls(os.geteuid(), os.getegid(), pwd.getpwuid(os.geteuid()).pw_name)
@@ -83,6 +85,13 @@ class Account:
     @property
     def is_self(self) -> bool:
         return self.uid == os.geteuid()
+
+    @property
+    def switch(self) -> tuple[int | None, int | None, list[int] | None]:
+        """``user``, ``group`` and ``extra_groups`` for subprocess: None where no switch is needed."""
+        if self.is_self:
+            return None, None, None
+        return self.uid, self.gid, []
 
 
 def _die_with_parent() -> None:
@@ -141,6 +150,7 @@ class ServerProcess:
     def start(self) -> None:
         if self.running:
             raise ServerError(f"{self.argv[0]} is already running as PID {self.pid}")
+        user, group, extra_groups = self.account.switch
         with open(self.log_path, "ab") as log:
             if not self.account.is_self:
                 os.chown(self.log_path, self.account.uid, self.account.gid)
@@ -151,14 +161,11 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
-                **self._credentials(),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - started from the main thread only
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
             )
-
-    def _credentials(self) -> dict[str, object]:
-        if self.account.is_self:
-            return {}
-        return {"user": self.account.uid, "group": self.account.gid, "extra_groups": []}
 
     @property
     def running(self) -> bool:
@@ -171,17 +178,13 @@ class ServerProcess:
                 f"{Path(self.argv[0]).name} exited with code {self._proc.returncode}:\n{self.log_tail()}"
             )
 
-    def send(self, sig: int) -> None:
-        if self.running:
-            assert self._proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(sig)
-
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
         """Send ``sig`` and wait; escalate to SIGKILL of the whole session if it does not exit."""
         if self._proc is None:
             return
-        self.send(sig)
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(sig)
         try:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -191,7 +194,7 @@ class ServerProcess:
         self._proc = None
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would; the server's own children notice and exit by themselves."""
+        """SIGKILL; the server's own children (PostgreSQL's backends) notice and exit by themselves."""
         self.stop(signal.SIGKILL)
 
     def log_tail(self, lines: int = 30) -> str:
@@ -204,7 +207,7 @@ class ServerProcess:
 
 def run_as(argv: Sequence[str], account: Account, *, cwd: Path, what: str) -> None:
     """Run a short command (initdb) as ``account``; raise with its output if it fails."""
-    credentials = {} if account.is_self else {"user": account.uid, "group": account.gid, "extra_groups": []}
+    user, group, extra_groups = account.switch
     result = subprocess.run(
         list(argv),
         cwd=cwd,
@@ -212,7 +215,105 @@ def run_as(argv: Sequence[str], account: Account, *, cwd: Path, what: str) -> No
         capture_output=True,
         text=True,
         check=False,
-        **credentials,  # type: ignore[arg-type]
+        user=user,
+        group=group,
+        extra_groups=extra_groups,
     )
     if result.returncode != 0:
         raise ServerError(f"{what} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+
+
+class EmbeddedServer:
+    """What the embedded servers share: free ports on first start, a readiness wait, cleanup.
+
+    Subclasses set ``account``, create ``base`` in ``_prepare`` and build the command in
+    ``_argv``; a restart reuses the ports and the directory, so clients reconnect to the
+    same address and find their data again.
+    """
+
+    name = "server"
+    account: Account
+    #: Text in the log that means the port was taken between probing and binding.
+    port_taken_marker = "address already in use"
+    #: How ``close`` asks the server to exit: promptly, ending any client sessions.
+    close_signal = signal.SIGTERM
+
+    def __init__(self) -> None:
+        self.base: Path | None = None
+        self.port = 0
+        self._process: ServerProcess | None = None
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _pick_ports(self) -> None:
+        self.port = free_port()
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start (prepared on first use) and wait until the server answers."""
+        if self.base is None:
+            self._prepare()
+        if self.port:
+            self._start_once(timeout)
+            return self
+        for attempt in range(3):
+            self._pick_ports()
+            try:
+                self._start_once(timeout)
+                return self
+            except ServerError:
+                if attempt == 2 or self.port_taken_marker not in self.log_tail().lower():
+                    raise
+        return self
+
+    def _start_once(self, timeout: float) -> None:
+        assert self.base is not None
+        self._process = ServerProcess(self._argv(), log_path=self.base / f"{self.name}.log", cwd=self.base,
+                                      account=self.account)
+        self._process.start()
+        try:
+            wait_for(self._ready, timeout=timeout, what=f"{self.name} to become ready",
+                     check=self._process.check_running)
+        except ServerError:
+            self._process.kill()
+            raise
+
+    def _stop(self, sig: int) -> None:
+        if self._process is not None:
+            self._process.stop(sig)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or the OOM killer would."""
+        self._stop(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop the server and remove its directory."""
+        self._stop(self.close_signal)
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.base = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.running
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self._process.log_tail(lines) if self._process is not None else "(not started)"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

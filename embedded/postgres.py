@@ -13,14 +13,13 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Mapping
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from embedded._process import Account, ServerError, ServerProcess, free_port, private_dir, run_as, wait_for
+from embedded._process import Account, EmbeddedServer, ServerError, private_dir, run_as
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, postgres) were not found. Install them "
@@ -42,6 +41,8 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "log_min_messages": "warning",
     "log_line_prefix": "%m [%p] %a ",
 }
+
+_SHUTDOWN_SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
 
 class PostgresNotFound(ServerError):
@@ -76,40 +77,22 @@ def _major_version(bindir: str) -> int:
         return 0
 
 
-class PostgresServer:
+class PostgresServer(EmbeddedServer):
     """One embedded PostgreSQL cluster. Use as a context manager, or call ``start``/``close``."""
 
+    name = "postgres"
     superuser = "postgres"
     host = "127.0.0.1"
+    port_taken_marker = "could not bind"
+    close_signal = signal.SIGINT  # "fast": ends client sessions instead of waiting for them
 
     def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+        super().__init__()
         self.bindir = find_bindir()
-        self.account = Account.for_servers()
+        self.account = Account.for_servers()  # initdb and postgres refuse to run as root
         self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
-        self.base: Path | None = None
-        self.port = 0
-        self._process: ServerProcess | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------
-
-    def start(self, timeout: float = 60.0) -> "PostgresServer":
-        """Initialise on first use, then start and wait until it accepts connections."""
-        if self.base is None:
-            self._initdb()
-        if self.port:
-            self._start_once(timeout)
-            return self
-        for attempt in range(3):  # a free port can be taken between probing and binding
-            self.port = free_port()
-            try:
-                self._start_once(timeout)
-                return self
-            except ServerError:
-                if attempt == 2 or "could not bind" not in self.log_tail():
-                    raise
-        return self
-
-    def _initdb(self) -> None:
+    def _prepare(self) -> None:
         self.base = private_dir("pg", self.account)
         run_as(
             [
@@ -131,75 +114,34 @@ class PostgresServer:
         assert self.base is not None, "server not initialised"
         return self.base / "data"
 
-    def _start_once(self, timeout: float) -> None:
+    def _argv(self) -> list[str]:
         assert self.base is not None
-        argv = [str(self.bindir / "postgres"), "-D", str(self.data_dir)]
         settings = {
             **self.settings,
             "port": str(self.port),
             "listen_addresses": self.host,
             "unix_socket_directories": str(self.base),
         }
+        argv = [str(self.bindir / "postgres"), "-D", str(self.data_dir)]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
-        self._process = ServerProcess(argv, log_path=self.base / "postgres.log", cwd=self.base, account=self.account)
-        self._process.start()
-        try:
-            wait_for(self._accepts_connections, timeout=timeout, what="PostgreSQL to accept connections",
-                     check=self._process.check_running)
-        except ServerError:
-            self._process.kill()
-            raise
+        return argv
 
-    def _accepts_connections(self) -> bool:
+    def _ready(self) -> bool:
         try:
             with psycopg.connect(self.dsn(), connect_timeout=2):
                 return True
         except psycopg.OperationalError:
             return False
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
     def stop(self, mode: str = "fast") -> None:
         """Shut down: ``smart``, ``fast`` (default) or ``immediate`` (crash-like, recovers on start)."""
-        sig = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
-        if self._process is not None:
-            self._process.stop(sig)
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster, as the OOM killer would."""
-        if self._process is not None:
-            self._process.kill()
+        self._stop(_SHUTDOWN_SIGNALS[mode])
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
 
-    def close(self) -> None:
-        """Stop the server and remove its directory."""
-        self.stop("immediate")
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self.base = None
-
-    def __enter__(self) -> "PostgresServer":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    # -- access --------------------------------------------------------------------------
-
     def dsn(self, dbname: str = "postgres", **params: str) -> str:
         """A libpq connection string for ``dbname`` as the superuser."""
         return make_conninfo(host=self.host, port=self.port, user=self.superuser, dbname=dbname, **params)
-
-    def log_tail(self, lines: int = 30) -> str:
-        return self._process.log_tail(lines) if self._process is not None else "(not started)"

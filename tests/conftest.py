@@ -7,42 +7,41 @@ instead; tests that stop or restart a server are then skipped.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
 from embedded import NatsServer, PostgresServer, ServerError
+from embedded._process import EmbeddedServer
 from tests.harness import Database, ExternalNats, ExternalPostgres, Nats, Postgres, TestNames, delete_stream
+
+T = TypeVar("T")
+
+
+def _session_server(variable: str, external: Callable[[str], T], embedded: Callable[[], EmbeddedServer]) -> Iterator[T]:
+    """The external server named by ``variable``, else an embedded one for the whole session."""
+    if os.environ.get(variable):
+        yield external(os.environ[variable])
+        return
+    try:
+        server = embedded().start()
+    except ServerError as exc:  # missing binaries: one clear message, not a traceback
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server  # type: ignore[misc]
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Postgres]:
-    if os.environ.get("WALFLOW_TEST_PG_DSN"):
-        yield ExternalPostgres(os.environ["WALFLOW_TEST_PG_DSN"])
-        return
-    try:
-        server = PostgresServer().start()
-    except ServerError as exc:  # missing binaries: one clear message, not a traceback
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _session_server("WALFLOW_TEST_PG_DSN", ExternalPostgres, PostgresServer)
 
 
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[Nats]:
-    if os.environ.get("WALFLOW_TEST_NATS_URL"):
-        yield ExternalNats(os.environ["WALFLOW_TEST_NATS_URL"])
-        return
-    try:
-        server = NatsServer().start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _session_server("WALFLOW_TEST_NATS_URL", ExternalNats, NatsServer)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from nats.js.errors import NotFoundError
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from embedded import wait_for
 
@@ -39,7 +39,7 @@ class TestNames:
     subject_prefix: str
 
     @classmethod
-    def for_test(cls, test_name: str) -> "TestNames":
+    def for_test(cls, test_name: str) -> TestNames:
         slug = re.sub(r"[^a-z0-9]+", "_", test_name.lower()).strip("_")[:30]
         tag = f"{next(_counter)}_{os.getpid()}"
         return cls(
@@ -86,10 +86,10 @@ class ExternalPostgres:
     running = True
 
     def __init__(self, dsn: str) -> None:
-        self._params = conninfo_to_dict(dsn)
+        self._dsn = dsn
 
     def dsn(self, dbname: str = "postgres", **params: str) -> str:
-        return make_conninfo(**{**self._params, "dbname": dbname, **params})
+        return make_conninfo(self._dsn, dbname=dbname, **params)
 
     def start(self) -> object:
         return self
@@ -97,7 +97,7 @@ class ExternalPostgres:
     def stop(self, mode: str = "fast") -> None:
         _needs_embedded("PostgreSQL", "WALFLOW_TEST_PG_DSN")
 
-    kill = restart = stop  # type: ignore[assignment]
+    kill = restart = stop
 
 
 class ExternalNats:
@@ -128,8 +128,8 @@ class Database:
     def dsn(self) -> str:
         return self.server.dsn(self.names.database)
 
-    def connect(self, **kwargs: object) -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(self.dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
+    def connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.dsn, autocommit=True)
 
     def create(self) -> None:
         with psycopg.connect(self.server.dsn(), autocommit=True) as conn:

@@ -132,6 +132,12 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         (("{ name: s1 }", "{ name: Slot-1 }"),
          "databases[0].slot.name: 'Slot-1' is not a valid slot name: use 1-63 lower-case letters, digits and "
          "underscores"),
+        (("host: 127.0.0.1 }", "host: 127.0.0.1, subject_prefix: 'a.*' }"),
+         "sinks[0].destination.subject_prefix: 'a.*' is not a valid subject prefix: dot-separated tokens of "
+         "letters, digits, '-' and '_'"),
+        (("host: 127.0.0.1 }", "host: 127.0.0.1, stream: { name: my.stream } }"),
+         "sinks[0].destination.stream.name: 'my.stream' is not a valid stream name: no spaces, '.', '*', '>', "
+         "'/' or '\\'"),
         (("host: 127.0.0.1 }", "host: 127.0.0.1, servers: [nats://a:4222] }"),
          "sinks[0].destination: set either host (with port) or servers, exactly one of them"),
         (("database: app\n    destination", "database: app\n    transform: my_fn\n    destination"),
@@ -198,5 +204,5 @@ def test_secrets_stay_out_of_repr_logs_and_errors(caplog: pytest.LogCaptureFixtu
 def test_config_is_immutable() -> None:
     config = parse_config(MINIMAL, env={})
     with pytest.raises(Exception, match="frozen"):
-        config.databases[0].port = 1  # type: ignore[misc]
+        config.databases[0].port = 1
     assert isinstance(config, Config)

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from nats.js.api import StreamConfig
 
-from embedded import NatsServer, PostgresServer, wait_for
+from embedded import NatsServer, PostgresNotFound, PostgresServer, wait_for
 from embedded._process import sweep_stale_dirs
 from tests.harness import Database, Nats, Postgres, TestNames, alive, children_of
 
@@ -35,14 +35,14 @@ def test_postgres_slot_streams_pgoutput(database: Database, names: TestNames) ->
             "'proto_version', '1', 'publication_names', %s)",
             [names.slot, names.publication],
         ).fetchall()
-    kinds = [bytes(row[0])[:1] for row in rows]
-    assert kinds == [b"B", b"R", b"I", b"C"]
-    assert b"new" in bytes(rows[2][0])
+    messages = [bytes(data) for (data,) in rows]  # type: ignore[call-overload]
+    assert [m[:1] for m in messages] == [b"B", b"R", b"I", b"C"]
+    assert b"new" in messages[2]
 
 
 def test_replication_connection_is_accepted(database: Database) -> None:
     with psycopg.connect(database.dsn, autocommit=True, replication="database") as conn:
-        system_id, timeline, xlogpos, dbname = conn.execute("IDENTIFY_SYSTEM").fetchone()  # type: ignore[misc]
+        _, _, xlogpos, dbname = conn.execute("IDENTIFY_SYSTEM").fetchone()  # type: ignore[misc]
     assert dbname == database.names.database
     assert "/" in xlogpos
 
@@ -144,3 +144,13 @@ def test_killed_parent_takes_servers_with_it() -> None:
     assert all(d.exists() for d in dirs)  # nobody could clean up...
     sweep_stale_dirs()
     assert [d for d in dirs if d.exists()] == []  # ...until the next run swept them
+
+
+def test_missing_postgres_binaries_say_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("WALFLOW_PG_BINDIR", raising=False)
+    monkeypatch.setattr("embedded.postgres.glob.glob", lambda pattern: [])
+    with pytest.raises(PostgresNotFound) as info:
+        PostgresServer()
+    assert "apt-get install postgresql" in str(info.value)
+    assert "WALFLOW_PG_BINDIR" in str(info.value)

@@ -46,7 +46,7 @@ def test_references_resolve_independently(parts: list[tuple[str, str]], tail: st
     env = {**env, **{name: env.get(name, name.lower()) for _, name in parts}}
     pieces = [(text.replace("${", "$${") + "|", f"${{{name}}}") for text, name in parts]
     whole = "".join(t + r for t, r in pieces) + tail.replace("${", "$${")
-    expected = "".join(interpolate(t, env) + env[n] for (t, _), (_, n) in zip(pieces, parts)) + tail
+    expected = "".join(interpolate(t, env) + env[n] for (t, _), (_, n) in zip(pieces, parts, strict=True)) + tail
     assert interpolate(whole, env) == expected
 
 
