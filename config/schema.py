@@ -258,6 +258,30 @@ class SinkConfig(Section):
 # -- walflow's own settings ---------------------------------------------------------------
 
 
+class ReplicationSettings(Section):
+    """The replication connection: how it stays alive and how much it may hold."""
+
+    #: Set on walflow's own connection: a hung or vanished walflow frees its slot after this
+    #: (the server default, 60 s, is what kept Sequin's slot "active for PID …").
+    wal_sender_timeout_ms: Milliseconds = 30_000
+    #: Standby status updates at least this often, even while the pipeline is not reading.
+    status_interval_ms: Milliseconds = 10_000
+    #: WAL data decoded but not yet taken by the dataflow; beyond it the reader stops reading
+    #: (and keeps the connection alive) until the dataflow catches up.
+    buffer_mb: int = Field(default=32, ge=1)
+    #: Changes handed to Bytewax per ``next_batch`` call.
+    batch_size: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="after")
+    def _keepalive_rule(self) -> ReplicationSettings:
+        if self.wal_sender_timeout_ms and self.status_interval_ms * 3 > self.wal_sender_timeout_ms:
+            raise ValueError(
+                "status_interval_ms must be at most a third of wal_sender_timeout_ms, "
+                "or the server may drop a connection that is only slow"
+            )
+        return self
+
+
 class WalflowSettings(Section):
     """Tunables that Sequin's format has no place for. One line each."""
 
@@ -265,6 +289,7 @@ class WalflowSettings(Section):
     #: Change data held in memory between the slot and JetStream, for the whole pipeline
     #: (Sequin's per-sink max_memory_mb, but settable here and enforced as one bound).
     max_memory_mb: int = Field(default=128, ge=8)
+    replication: ReplicationSettings = ReplicationSettings()
 
 
 class Config(Section):

@@ -19,8 +19,10 @@ import psycopg
 import pytest
 from nats.js.errors import NotFoundError
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from config.schema import DatabaseConfig
+from connectors.postgres.protocol import str_to_lsn
 from embedded import wait_for
 
 _counter = itertools.count(1)
@@ -130,6 +132,30 @@ class Database:
 
     def connect(self) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.dsn, autocommit=True)
+
+    def config(self, *, create: bool = True, **overrides: object) -> DatabaseConfig:
+        """A walflow database entry for this test's database, slot and publication."""
+        params = conninfo_to_dict(self.dsn)
+        return DatabaseConfig.model_validate(
+            {
+                "name": "app",
+                "hostname": params.get("host", "127.0.0.1"),
+                "port": int(str(params.get("port", 5432))),
+                "database": self.names.database,
+                "username": params.get("user", "postgres"),
+                "password": params.get("password"),
+                "slot": {"name": self.names.slot, "create_if_not_exists": create},
+                "publication": {"name": self.names.publication, "create_if_not_exists": create},
+                **overrides,
+            }
+        )
+
+    def current_lsn(self) -> int:
+        """The server's current WAL insert position: everything committed so far lies before it."""
+        with self.connect() as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        return str_to_lsn(str(row[0]))
 
     def create(self) -> None:
         with psycopg.connect(self.server.dsn(), autocommit=True) as conn:

@@ -1,0 +1,110 @@
+"""The Bytewax source: one partition per replication slot, keyed by the slot's name.
+
+The partition drains the reader's buffer in ``next_batch`` and never blocks. Its
+snapshot is plain data — the LSN up to which everything was emitted, and how far into an
+unfinished transaction it got — so a resumed run starts exactly after the last change it
+emitted, even in the middle of a ten-million-row transaction.
+
+**When the slot moves.** Bytewax calls a source partition in epoch e+1 only after epoch e
+is complete downstream (with ``-r``: after its snapshots are committed;
+``shared/reference/bytewax-engine.md`` §3.8). So the position returned by ``snapshot()``
+at the end of epoch e is confirmed to Postgres on the next call, never earlier.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TypedDict
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from config.schema import DatabaseConfig, ReplicationSettings
+from connectors.postgres.changes import Change
+from connectors.postgres.reader import ResumePoint, SlotReader
+
+log = logging.getLogger("walflow.postgres")
+
+#: How long an idle partition waits before Bytewax polls it again (it must not block).
+_IDLE_POLL = timedelta(milliseconds=5)
+
+
+class SourceState(TypedDict):
+    """The partition's snapshot: plain data, stable across walflow versions."""
+
+    lsn: int
+    commit_lsn: int | None
+    commit_idx: int
+
+
+class SlotPartition(StatefulSourcePartition[Change, SourceState]):
+    """Hands the reader's changes to Bytewax, tracks the position, confirms it an epoch later."""
+
+    def __init__(self, reader: SlotReader, batch_size: int, stop_at_lsn: int | None = None) -> None:
+        self._reader = reader
+        self._batch_size = batch_size
+        self._stop_at = stop_at_lsn
+        resume = reader.resume
+        self._lsn = resume.lsn
+        self._commit_lsn = resume.commit_lsn
+        self._commit_idx = resume.commit_idx
+        self._unconfirmed: int | None = None
+        self._idle = False
+
+    def next_batch(self) -> list[Change]:
+        self._confirm_previous_epoch()
+        if (error := self._reader.error) is not None:
+            raise RuntimeError(f"replication of slot {self._reader.db.slot.name} failed: {error}") from error
+        if self._stop_at is not None and self._lsn >= self._stop_at and self._commit_lsn is None:
+            raise StopIteration
+        out: list[Change] = []
+        for item in self._reader.buffer.take(self._batch_size):
+            if type(item) is int:
+                self._lsn = max(self._lsn, item)
+                self._commit_lsn, self._commit_idx = None, -1
+            else:
+                assert isinstance(item, Change)
+                out.append(item)
+                self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
+        self._idle = not out
+        return out
+
+    def next_awake(self) -> datetime | None:
+        return datetime.now(UTC) + _IDLE_POLL if self._idle else None
+
+    def snapshot(self) -> SourceState:
+        self._confirm_previous_epoch()
+        self._unconfirmed = self._lsn  # before any unfinished transaction: safe to confirm
+        return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx}
+
+    def close(self) -> None:
+        self._reader.stop()
+
+    def _confirm_previous_epoch(self) -> None:
+        """The previous epoch is complete downstream: its snapshot position is durable."""
+        if self._unconfirmed is not None:
+            self._reader.confirm(self._unconfirmed)
+            self._unconfirmed = None
+
+
+class PostgresSource(FixedPartitionedSource[Change, SourceState]):
+    """Committed row changes from one database's replication slot, in commit order.
+
+    ``stop_at_lsn`` ends the stream once everything committed before that LSN was emitted
+    (for bounded runs and tests); without it the source runs until the flow is stopped.
+    """
+
+    def __init__(self, db: DatabaseConfig, settings: ReplicationSettings, *, stop_at_lsn: int | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        self.stop_at_lsn = stop_at_lsn
+
+    def list_parts(self) -> list[str]:
+        return [self.db.slot.name]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
+        resume = ResumePoint(**resume_state) if resume_state else ResumePoint()
+        reader = SlotReader(self.db, self.settings, resume).start()
+        return SlotPartition(reader, self.settings.batch_size, self.stop_at_lsn)
+
+

@@ -1,0 +1,155 @@
+"""Column values: pgoutput tuple data to Python values through psycopg's own loaders.
+
+pgoutput sends each value as the type's text output (or ``typsend`` binary); psycopg
+already knows how to parse both for every built-in type, so walflow never parses a type by
+hand. What walflow adds:
+
+- **Custom types** are resolved by OID on a normal connection (the replication connection
+  cannot run parameterised queries): a domain loads as its base type, an array of a
+  domain/enum/custom type gets an array loader over the element's effective type, custom
+  ranges are registered, enums stay strings. Anything else falls back to its text.
+- **Values a loader cannot represent** (``infinity`` dates, BC or year-10000 timestamps)
+  fall back to their text instead of crashing the pipeline: the text is lossless.
+- **Unchanged TOAST** columns (kind ``u``) become :data:`UNCHANGED_TOAST`, a marker that
+  survives pickling between processes and is neither ``None`` nor missing.
+- **K old tuples** (key change or delete under REPLICA IDENTITY DEFAULT) send non-key
+  columns as ``n``: those are *absent*, so only the key columns are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Self
+
+import psycopg
+from psycopg import pq
+from psycopg.adapt import Transformer
+from psycopg.types import TypeInfo
+from psycopg.types.array import register_array
+from psycopg.types.range import RangeInfo, register_range
+
+from connectors.postgres.pgoutput import Relation, TupleData
+
+log = logging.getLogger("walflow.postgres.values")
+
+Row = dict[str, Any]
+
+_NULL, _UNCHANGED, _TEXT, _BINARY = ord("n"), ord("u"), ord("t"), ord("b")
+
+
+class UnchangedToast:
+    """Marks a TOASTed column whose value Postgres did not send because the update left it alone."""
+
+    _instance: Self | None = None
+
+    def __new__(cls) -> Self:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED_TOAST"  # unpickles as this module's singleton, so `is` keeps working
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Final = UnchangedToast()
+
+_CATALOG_QUERY = (
+    "SELECT typtype, typbasetype, typelem, typcategory, typdelim, oid::regtype::text FROM pg_type WHERE oid = %s"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """What a Relation message says about one table, with a loader per column."""
+
+    relid: int
+    schema: str
+    table: str
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    replica_identity: str
+    loaders: tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...]  # (text, binary) per column
+
+    def row(self, data: TupleData, key_only: bool = False) -> Row:
+        """Convert a tuple; with ``key_only`` (a K old tuple) keep only the replica identity columns."""
+        out: Row = {}
+        keys = self.key_columns if key_only else None
+        for name, kind, raw, (text, binary) in zip(self.columns, data.kinds, data.values, self.loaders, strict=True):
+            if keys is not None and name not in keys:
+                continue
+            if kind == _TEXT:
+                out[name] = _load(text, raw)
+            elif kind == _NULL:
+                out[name] = None
+            elif kind == _UNCHANGED:
+                out[name] = UNCHANGED_TOAST
+            else:
+                out[name] = _load(binary, raw)
+        return out
+
+
+def _load(load: Callable[[Any], Any], raw: bytes | None) -> Any:
+    try:
+        return load(raw)
+    except (psycopg.DataError, ValueError, OverflowError):
+        # 'infinity', BC dates, year > 9999: Python cannot hold them; the text is exact.
+        return bytes(raw or b"").decode("utf-8", "replace")
+
+
+class TypeResolver:
+    """Loaders by type OID, for text and binary values, with custom types resolved once each."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._tx = Transformer(conn)
+        self._effective: dict[int, int] = {}
+
+    def loaders(self, oid: int) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        effective = self.effective_oid(oid)
+        text = self._tx.get_loader(effective, pq.Format.TEXT)
+        binary = self._tx.get_loader(effective, pq.Format.BINARY)
+        return text.load, binary.load
+
+    def effective_oid(self, oid: int) -> int:
+        """The OID whose loader parses values of ``oid`` (itself if psycopg knows it)."""
+        if oid not in self._effective:
+            self._effective[oid] = self._resolve(oid)
+        return self._effective[oid]
+
+    def _resolve(self, oid: int) -> int:
+        if self._conn.adapters.get_loader(oid, pq.Format.TEXT) is not None:
+            return oid
+        row = self._conn.execute(_CATALOG_QUERY, [oid]).fetchone()
+        if row is None:
+            log.warning("type OID %s is not in pg_type; its values are passed as text", oid)
+            return oid
+        typtype, base, elem, category, delimiter, name = row
+        if typtype == "d":  # a domain is stored and printed as its base type
+            return self.effective_oid(base)
+        if category == "A" and elem:
+            element = self.effective_oid(elem)
+            info = TypeInfo(name, element, oid, delimiter=delimiter)
+            register_array(info, self._conn)
+            return oid
+        if typtype == "r":
+            range_info = RangeInfo.fetch(self._conn, name)
+            if range_info is not None:
+                register_range(range_info, self._conn)
+                return oid
+        return oid  # enums load as their label (str); composites and others as their text
+
+    def schema(self, relation: Relation) -> TableSchema:
+        return TableSchema(
+            relid=relation.relid,
+            schema=relation.namespace or "pg_catalog",
+            table=relation.name,
+            columns=tuple(c.name for c in relation.columns),
+            key_columns=tuple(c.name for c in relation.columns if c.is_key),
+            replica_identity=relation.replica_identity,
+            loaders=tuple(self.loaders(c.type_oid) for c in relation.columns),
+        )

@@ -1,0 +1,107 @@
+"""Preflight: what walflow creates, and the one clear error for each thing it cannot fix."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from config.schema import DatabaseConfig
+from connectors.postgres.connection import conninfo
+from connectors.postgres.slot import ReplicationSetupError, SlotState, prepare
+from embedded import PostgresServer
+from tests.harness import Database, TestNames
+
+
+def _prepare(db: DatabaseConfig) -> SlotState:
+    with psycopg.connect(conninfo(db, application_name="walflow-test"), autocommit=True) as conn:
+        return prepare(conn, db)
+
+
+def _one(db: Database, query: str, *params: Any) -> Any:
+    with db.connect() as conn:
+        row = conn.execute(query, list(params)).fetchone()
+    return row[0] if row else None
+
+
+def test_creates_publication_and_slot_when_asked(database: Database, names: TestNames) -> None:
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    state = _prepare(database.config(create=True))
+    assert _one(database, "SELECT puballtables FROM pg_publication WHERE pubname = %s", names.publication) is True
+    assert _one(database, "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", names.slot) == "pgoutput"
+    assert state.confirmed_flush_lsn > 0 and state.wal_status == "reserved"
+    assert _prepare(database.config(create=True)) == state  # idempotent
+
+
+def test_missing_publication_is_a_clear_error(database: Database, names: TestNames) -> None:
+    with pytest.raises(ReplicationSetupError) as info:
+        _prepare(database.config(create=False))
+    assert str(info.value) == (
+        f"publication '{names.publication}' does not exist in database '{names.database}'. Create it "
+        f"(CREATE PUBLICATION \"{names.publication}\" FOR ALL TABLES;) or set "
+        "publication.create_if_not_exists: true for database 'app'."
+    )
+
+
+def test_missing_slot_is_a_clear_error(database: Database, names: TestNames) -> None:
+    with database.connect() as conn:
+        conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
+    with pytest.raises(ReplicationSetupError, match=f"replication slot '{names.slot}' does not exist. Create it"):
+        _prepare(database.config(create=False))
+
+
+def test_role_without_replication_is_a_clear_error(database: Database, names: TestNames) -> None:
+    role = f"r_{names.slot}"
+    with database.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        with pytest.raises(ReplicationSetupError) as info:
+            _prepare(database.config(username=role))
+        assert str(info.value) == (
+            f"role '{role}' may not stream changes: it needs the REPLICATION attribute. "
+            f'Run ALTER ROLE "{role}" WITH REPLICATION; as a superuser.'
+        )
+    finally:
+        with database.connect() as conn:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_tables_without_identity_are_warned_about(
+    database: Database, names: TestNames, caplog: pytest.LogCaptureFixture
+) -> None:
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE keyed (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE loose (x int)")
+    with caplog.at_level(logging.WARNING, logger="walflow.postgres"):
+        _prepare(database.config(create=True))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("table public.loose has no primary key or replica identity")
+
+
+@pytest.fixture(scope="module")
+def replica_level_server() -> Iterator[PostgresServer]:
+    with PostgresServer(settings={"wal_level": "replica"}) as server:
+        yield server
+
+
+def test_wrong_wal_level_is_a_clear_error(replica_level_server: PostgresServer, names: TestNames) -> None:
+    db = DatabaseConfig.model_validate(
+        {
+            "name": "app",
+            "hostname": replica_level_server.host,
+            "port": replica_level_server.port,
+            "database": "postgres",
+            "slot": {"name": names.slot, "create_if_not_exists": True},
+            "publication": {"name": names.publication, "create_if_not_exists": True},
+        }
+    )
+    with pytest.raises(ReplicationSetupError) as info:
+        _prepare(db)
+    assert str(info.value) == (
+        "wal_level is 'replica' on this server; logical replication needs 'logical'. "
+        "Run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL."
+    )
