@@ -9,7 +9,8 @@ hand. What walflow adds:
   domain/enum/custom type gets an array loader over the element's effective type, custom
   ranges are registered, enums stay strings. Anything else falls back to its text.
 - **Values a loader cannot represent** (``infinity`` dates, BC or year-10000 timestamps)
-  fall back to their text instead of crashing the pipeline: the text is lossless.
+  fall back to their text (or, in binary format, their raw bytes) instead of crashing the
+  pipeline: nothing is lost.
 - **Unchanged TOAST** columns (kind ``u``) become :data:`UNCHANGED_TOAST`, a marker that
   survives pickling between processes and is neither ``None`` nor missing.
 - **K old tuples** (key change or delete under REPLICA IDENTITY DEFAULT) send non-key
@@ -83,22 +84,29 @@ class TableSchema:
             if keys is not None and name not in keys:
                 continue
             if kind == _TEXT:
-                out[name] = _load(text, raw)
+                out[name] = _load_text(text, raw)
             elif kind == _NULL:
                 out[name] = None
             elif kind == _UNCHANGED:
                 out[name] = UNCHANGED_TOAST
             else:
-                out[name] = _load(binary, raw)
+                out[name] = _load_binary(binary, raw)
         return out
 
 
-def _load(load: Callable[[Any], Any], raw: bytes | None) -> Any:
+def _load_text(load: Callable[[Any], Any], raw: bytes | None) -> Any:
     try:
         return load(raw)
     except (psycopg.DataError, ValueError, OverflowError):
         # 'infinity', BC dates, year > 9999: Python cannot hold them; the text is exact.
         return bytes(raw or b"").decode("utf-8", "replace")
+
+
+def _load_binary(load: Callable[[Any], Any], raw: bytes | None) -> Any:
+    try:
+        return load(raw)
+    except (psycopg.DataError, ValueError, OverflowError):
+        return bytes(raw or b"")  # the typsend bytes, unchanged
 
 
 class TypeResolver:
