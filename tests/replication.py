@@ -44,6 +44,19 @@ def drain(part: SlotPartition, until: Callable[[list[Change]], bool], timeout: f
     return out
 
 
+def drain_snapshotting(
+    part: SlotPartition, until: Callable[[list[Change], SourceState], bool], timeout: float = 60.0
+) -> tuple[list[Change], SourceState]:
+    """Like :func:`drain`, with a snapshot after every call, as if every batch were an epoch."""
+    states: list[SourceState] = []
+
+    def done(out: list[Change]) -> bool:
+        states.append(part.snapshot())
+        return until(out, states[-1])
+
+    return drain(part, done, timeout), states[-1]
+
+
 def run_flow(
     db: DatabaseConfig, stop_at_lsn: int, recovery: Path | None = None, settings: ReplicationSettings | None = None
 ) -> list[Change]:

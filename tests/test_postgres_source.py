@@ -13,7 +13,7 @@ from connectors.postgres.protocol import str_to_lsn
 from connectors.postgres.reader import ResumePoint
 from embedded import wait_for
 from tests.harness import Database, TestNames
-from tests.replication import drain, partition, rows, run_flow
+from tests.replication import drain, drain_snapshotting, partition, rows, run_flow
 
 
 @pytest.fixture
@@ -122,8 +122,8 @@ def test_starts_at_the_stored_position_not_the_slots(orders: Database) -> None:
     with partition(cfg) as part:
         with orders.connect() as conn:
             conn.execute("INSERT INTO orders VALUES (1, 'a', '')")
-        first = drain(part, lambda out: bool(out) and part.snapshot()["lsn"] > out[0].commit_lsn)
-        state = part.snapshot()  # taken, never confirmed: no next_batch follows
+        first, state = drain_snapshotting(part, lambda out, state: bool(out) and state["lsn"] > out[0].commit_lsn)
+    # that last snapshot was never confirmed: no call followed it
     assert _slot_confirmed(orders) < first[0].commit_lsn  # the server would send row 1 again
     with orders.connect() as conn:
         conn.execute("INSERT INTO orders VALUES (2, 'b', '')")
@@ -133,23 +133,69 @@ def test_starts_at_the_stored_position_not_the_slots(orders: Database) -> None:
     assert [c.new["id"] for c in again if c.new] == [2]
 
 
-def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Database) -> None:
-    """The slot moves only to snapshotted positions, and on past WAL of unpublished tables."""
+def test_resumed_mid_transaction_snapshots_keep_their_place(orders: Database) -> None:
+    """Every snapshot after a mid-transaction resume still points inside that transaction."""
     cfg = orders.config(create=False)
-    with partition(cfg, ReplicationSettings(status_interval_ms=1000)) as part:
+    with partition(cfg, ReplicationSettings(batch_size=5)) as part:
+        with orders.connect() as conn, conn.transaction():
+            for i in range(30):
+                conn.execute("INSERT INTO orders VALUES (%s, 'bulk', '')", [i])
+        got = drain(part, lambda out: len(out) >= 10)
+        state = part.snapshot()
+    seen = [c.new["id"] for c in got if c.new]
+    for _ in range(3):  # resume, take one change at a time with a snapshot after each, stop, resume again
+        with partition(cfg, ReplicationSettings(batch_size=1), resume=state) as part:
+            more, state = drain_snapshotting(part, lambda out, _: len(out) >= 3)
+        seen += [c.new["id"] for c in more if c.new]
+        assert state["commit_lsn"] == more[-1].commit_lsn and state["commit_idx"] == more[-1].commit_idx
+    assert seen == list(range(len(got) + 9))  # contiguous: nothing twice, nothing skipped
+
+
+def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Database) -> None:
+    """Only a snapshot followed by another call confirms, and only up to the last whole transaction."""
+    cfg = orders.config(create=False)
+    with partition(cfg, ReplicationSettings(status_interval_ms=1000, batch_size=3)) as part:
+        reader = part._reader
         with orders.connect() as conn:
             conn.execute("INSERT INTO orders VALUES (1, 'a', '')")
-        got = drain(part, lambda out: len(out) == 1)
-        part.next_batch()  # a call without a snapshot in between: nothing to confirm
-        assert part._reader.confirmed < got[0].commit_lsn
-        assert _slot_confirmed(orders) < got[0].commit_lsn
+            with conn.transaction():
+                for i in range(2, 12):
+                    conn.execute("INSERT INTO orders VALUES (%s, 'b', '')", [i])
+        got = drain(part, lambda out: len(out) >= 4)  # row 1 and part of the big transaction
+        inside = got[-1].commit_lsn
+        state = part.snapshot()
+        assert state["commit_lsn"] == inside and state["lsn"] < inside
+        assert reader.confirmed < got[0].commit_lsn  # snapshot() alone confirms nothing new
+        got += part.next_batch()  # the next epoch's call: the snapshot's position is now confirmed
+        assert got[0].commit_lsn < reader.confirmed == state["lsn"] < inside
+        wait_for(lambda: _slot_confirmed(orders) == state["lsn"], timeout=10, what="status update")
+        got += drain(part, lambda out: len(got) + len(out) >= 11)
+        assert [c.new["id"] for c in got if c.new] == list(range(1, 12))
         with orders.connect() as conn:
             for i in range(200):
                 conn.execute("INSERT INTO unpublished VALUES (%s)", [i])
         target = orders.current_lsn()
         # epochs go by: each snapshot is confirmed by the next call; idle walEnd keeps the slot moving
         drain(part, lambda out: part.snapshot()["lsn"] >= target and _slot_confirmed(orders) >= target)
-    assert _slot_confirmed(orders) > got[0].commit_lsn
+    assert _slot_confirmed(orders) >= target
+
+
+def test_truncate_and_full_identity_keys(orders: Database) -> None:
+    cfg = orders.config(create=False)
+    with partition(cfg) as part:
+        with orders.connect() as conn:
+            conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+            conn.execute("INSERT INTO orders VALUES (1, 'a', 'n')")
+            conn.execute("UPDATE orders SET status = 'b' WHERE id = 1")
+            conn.execute("TRUNCATE orders, audit")
+        insert, update, *truncates = drain(part, lambda out: len(out) >= 4)
+    assert insert.key_columns == ("id",) and update.key_columns == ("id",)  # the primary key, not every column
+    assert update.old == {"id": 1, "status": "a", "note": "n"}
+    assert [(t.action, t.table, t.new, t.old) for t in truncates] == [
+        ("truncate", "orders", None, None),
+        ("truncate", "audit", None, None),
+    ]
+    assert truncates[0].commit_lsn == truncates[1].commit_lsn and [t.commit_idx for t in truncates] == [0, 1]
 
 
 def test_million_row_transaction_streams_in_bounded_memory(orders: Database) -> None:

@@ -40,6 +40,11 @@ def conninfo(
         "application_name": application_name,
         "options": options,
         "connect_timeout": 10,
+        # a server host that vanished is noticed in about a minute, not TCP's default hours
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
     }
     if db.password is not None:
         params["password"] = db.password.get_secret_value()

@@ -61,7 +61,8 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
         for item in self._reader.buffer.take(self._batch_size):
             if type(item) is int:
                 self._lsn = max(self._lsn, item)
-                self._commit_lsn, self._commit_idx = None, -1
+                if self._commit_lsn is not None and item > self._commit_lsn:
+                    self._commit_lsn, self._commit_idx = None, -1  # that transaction is complete
             else:
                 assert isinstance(item, Change)
                 out.append(item)

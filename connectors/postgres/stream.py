@@ -78,11 +78,11 @@ class ReplicationStream:
     def wait(self, timeout: float, also: list[int]) -> list[int]:
         """Wait until the socket or one of ``also`` is readable; pull what arrived into libpq."""
         readable, _, _ = select.select([self.fileno, *also], [], [], timeout)
-        if self.fileno in readable:
-            try:
-                self._pgconn.consume_input()
-            except psycopg.OperationalError as exc:
-                raise StreamError(str(exc)) from None
+        try:
+            # also on a timeout: with TLS, bytes already decrypted do not make the socket readable
+            self._pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise StreamError(str(exc)) from None
         return readable
 
     def send(self, data: bytes) -> None:
@@ -97,6 +97,14 @@ class ReplicationStream:
     def _flush(self) -> None:
         while self._pgconn.flush() == 1:
             select.select([], [self.fileno], [], 1.0)
+
+    def end(self) -> None:
+        """Leave COPY cleanly (CopyDone), so the walsender exits at once instead of timing out."""
+        try:
+            self._pgconn.put_copy_end()
+            self._flush()
+        except psycopg.OperationalError as exc:
+            raise StreamError(str(exc)) from None
 
     def close(self) -> None:
         self._conn.close()

@@ -59,6 +59,15 @@ class UnchangedToast:
 
 UNCHANGED_TOAST: Final = UnchangedToast()
 
+_PRIMARY_KEY_QUERY = """
+SELECT a.attname
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND i.indisprimary
+ORDER BY k.ord
+"""
+
 _CATALOG_QUERY = (
     "SELECT typtype, typbasetype, typelem, typcategory, typdelim, oid::regtype::text FROM pg_type WHERE oid = %s"
 )
@@ -72,14 +81,18 @@ class TableSchema:
     schema: str
     table: str
     columns: tuple[str, ...]
+    #: The row's key: the replica identity's columns, or the primary key under REPLICA
+    #: IDENTITY FULL (which flags every column); empty for a table with neither.
     key_columns: tuple[str, ...]
+    #: The columns a K old tuple carries values for (the replica identity).
+    identity_columns: tuple[str, ...]
     replica_identity: str
     loaders: tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...]  # (text, binary) per column
 
     def row(self, data: TupleData, key_only: bool = False) -> Row:
         """Convert a tuple; with ``key_only`` (a K old tuple) keep only the replica identity columns."""
         out: Row = {}
-        keys = self.key_columns if key_only else None
+        keys = self.identity_columns if key_only else None
         for name, kind, raw, (text, binary) in zip(self.columns, data.kinds, data.values, self.loaders, strict=True):
             if keys is not None and name not in keys:
                 continue
@@ -152,12 +165,19 @@ class TypeResolver:
         return oid  # enums load as their label (str); composites and others as their text
 
     def schema(self, relation: Relation) -> TableSchema:
+        identity = tuple(c.name for c in relation.columns if c.is_key)
+        if relation.replica_identity == "f":  # every column is flagged: ask for the primary key
+            rows = self._conn.execute(_PRIMARY_KEY_QUERY, [relation.relid]).fetchall()
+            keys = tuple(str(name) for (name,) in rows)
+        else:
+            keys = identity
         return TableSchema(
             relid=relation.relid,
             schema=relation.namespace or "pg_catalog",
             table=relation.name,
             columns=tuple(c.name for c in relation.columns),
-            key_columns=tuple(c.name for c in relation.columns if c.is_key),
+            key_columns=keys,
+            identity_columns=identity,
             replica_identity=relation.replica_identity,
             loaders=tuple(self.loaders(c.type_oid) for c in relation.columns),
         )
