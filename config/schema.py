@@ -169,6 +169,10 @@ class NatsDestination(Section):
     tls_ca_file: FilePath | None = None
     subject_prefix: SubjectPrefix = "walflow"
     stream: StreamConfig = StreamConfig()
+    #: Messages published but not yet acknowledged, per sink partition.
+    max_in_flight: int = Field(default=1024, ge=1)
+    #: A message without an acknowledgement after this is re-sent (JetStream dedupes it).
+    ack_timeout_ms: Milliseconds = 10_000
 
     @model_validator(mode="after")
     def _connection(self) -> NatsDestination:
@@ -203,7 +207,6 @@ class SinkConfig(Section):
         "max_retry_count": "walflow never discards a change: it retries until JetStream accepts it",
         "load_shedding_policy": "walflow never sheds load: a slow sink slows the reader down",
         "max_memory_mb": "walflow bounds memory for the whole pipeline: set walflow.max_memory_mb",
-        "partition_count": "walflow partitions by group key over all workers",
         "initial_backfill": "backfills are not supported yet",
         "ack_wait_ms": "only used by Sequin Stream sinks",
         "max_ack_pending": "only used by Sequin Stream sinks",
@@ -222,6 +225,9 @@ class SinkConfig(Section):
     #: Older Sequin form, with ``table``: that table's group columns.
     group_column_names: list[str] | None = None
     message_grouping: bool = True
+    #: Sink partitions: ordered publishers that group keys are spread over, and Bytewax
+    #: spreads over its workers (Sequin's key, with a meaning close to Sequin's).
+    partition_count: int = Field(default=4, ge=1, le=256)
     annotations: dict[str, Any] = {}
     timestamp_format: Literal["iso8601", "unix_microsecond"] = "iso8601"
     filter: NoFunction | None = None
@@ -266,8 +272,8 @@ class ReplicationSettings(Section):
     wal_sender_timeout_ms: Milliseconds = 30_000
     #: Standby status updates at least this often, even while the pipeline is not reading.
     status_interval_ms: Milliseconds = 10_000
-    #: WAL data decoded but not yet taken by the dataflow; beyond it the reader stops reading
-    #: (and keeps the connection alive) until the dataflow catches up.
+    #: Memory of changes decoded but not yet taken by the dataflow (estimated from their WAL
+    #: size); beyond it the reader stops reading, keeps the connection alive, and waits.
     buffer_mb: int = Field(default=32, ge=1)
     #: Changes handed to Bytewax per ``next_batch`` call.
     batch_size: int = Field(default=1000, ge=1)

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -136,11 +136,20 @@ def private_dir(kind: str, account: Account) -> Path:
 class ServerProcess:
     """One long-running child process with its output in a log file."""
 
-    def __init__(self, argv: Sequence[str], *, log_path: Path, cwd: Path, account: Account) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        cwd: Path,
+        account: Account,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
         self.cwd = cwd
         self.account = account
+        self.env = env
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -160,6 +169,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,
+                env=self.env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - started from the main thread only
                 user=user,

@@ -1,0 +1,94 @@
+"""Connecting to NATS with the options of Sequin's NATS sink, plus servers, creds and a CA.
+
+Reconnects never give up (nats-py stops after 60 attempts by default), and nats-py's own
+buffering while disconnected is off: it would flush buffered publishes ahead of the ones
+walflow re-sends itself, reordering a row's changes. walflow owns every re-send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from typing import Any
+
+import nats
+from nats.aio.client import Client, RawCredentials
+
+from config.schema import NatsDestination
+
+log = logging.getLogger("walflow.nats")
+
+_CREDS_TEMPLATE = (
+    "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+    "-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+)
+
+
+class _RateLimitedLog:
+    """nats-py reports an outage about twice a second: say it once every ``every`` seconds."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def __call__(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every) >= self.every:
+            self._last[key] = now
+            log.warning(message, *args)
+
+
+def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
+    """nats-py ``connect`` keyword arguments for ``dest`` (secrets included: never log them)."""
+    options: dict[str, Any] = {
+        "servers": dest.server_urls,
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 1,
+        "pending_size": 0,
+        "connect_timeout": 5,
+    }
+    if dest.username is not None and dest.password is not None:
+        options["user"] = dest.username
+        options["password"] = dest.password.get_secret_value()
+    if dest.creds_file is not None:
+        options["user_credentials"] = str(dest.creds_file)
+    elif dest.jwt is not None and dest.nkey_seed is not None:
+        creds = _CREDS_TEMPLATE.format(jwt=dest.jwt.get_secret_value(), seed=dest.nkey_seed.get_secret_value())
+        options["user_credentials"] = RawCredentials(creds)
+    elif dest.nkey_seed is not None:
+        options["nkeys_seed_str"] = dest.nkey_seed.get_secret_value()
+    if dest.tls or dest.tls_ca_file is not None or any(url.startswith("tls://") for url in dest.server_urls):
+        options["tls"] = ssl.create_default_context(cafile=str(dest.tls_ca_file) if dest.tls_ca_file else None)
+    return options
+
+
+async def connect(dest: NatsDestination, name: str) -> Client:
+    """Connect, retrying with capped backoff until NATS answers: a pipeline waits for its sink."""
+    warn = _RateLimitedLog()
+    options = connect_options(dest, name)
+
+    async def on_error(exc: Exception) -> None:
+        warn("error", "cannot reach NATS at %s (%s); retrying", ", ".join(dest.server_urls), exc)
+
+    async def on_disconnect() -> None:
+        warn("disconnect", "NATS disconnected (%s); reconnecting", name)
+
+    async def on_reconnect() -> None:
+        log.info("NATS reconnected (%s)", name)
+
+    delay = 0.5
+    while True:
+        try:
+            return await nats.connect(
+                **options, error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            if isinstance(exc, nats.errors.AuthorizationError):
+                raise
+            warn("connect", "cannot reach NATS at %s (%s); retrying", ", ".join(dest.server_urls), exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)

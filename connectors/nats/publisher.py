@@ -1,0 +1,166 @@
+"""Publishing to JetStream with many acknowledgements in flight, matched by walflow itself.
+
+nats-py's ``publish_async`` costs ~25 µs a message, mostly building a ``PubAck`` per ack
+(``shared/reference/nats-jetstream.md``). Here each message goes out as a core publish
+whose reply subject is a token under one wildcard inbox; the ack JSON is read for
+``seq``/``error`` only. nats-py still does connection, auth, TLS and reconnects.
+
+Order and retries: messages go out in order on one connection, so JetStream stores them
+in order. When any message fails (no ack within ``ack_timeout``, a disconnect, a retryable
+JetStream error), :meth:`AckPublisher.settle` waits for the rest of the window and re-sends
+the failed ones in their original order, with backoff, until JetStream takes them; their
+``Nats-Msg-Id`` makes a message that was stored after all (its ack lost) a duplicate that
+JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too large, a
+bad header) stops the flow with :class:`PermanentPublishError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
+
+from connectors.nats.messages import NatsMessage
+
+log = logging.getLogger("walflow.nats")
+
+#: JetStream answers these 4xx codes for conditions that pass by themselves.
+_TRANSIENT_4XX = {408, 409, 429}
+
+
+class PublishError(Exception):
+    """One message was not stored; ``retryable`` says whether sending it again can help."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class PermanentPublishError(RuntimeError):
+    """JetStream refused a message for a reason that retrying cannot fix."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    message: NatsMessage
+    token: str
+    ack: asyncio.Future[int]
+
+
+class AckPublisher:
+    """Publishes one partition's messages; :meth:`settle` returns once all of them are stored."""
+
+    def __init__(self, nc: Client, *, window: int, ack_timeout: float, label: str) -> None:
+        self._nc = nc
+        self._window = window
+        self._ack_timeout = ack_timeout
+        self._label = label
+        self._inbox = nc.new_inbox()
+        self._tokens = itertools.count()
+        self._waiting: dict[str, _InFlight] = {}
+        self._inflight: deque[_InFlight] = deque()
+        self._sub: Subscription | None = None
+        self.last_seq = 0  # the highest stream sequence acknowledged to this partition
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def publish(self, messages: list[NatsMessage]) -> None:
+        """Send ``messages`` in order, keeping at most ``window`` unacknowledged."""
+        for message in messages:
+            while len(self._inflight) >= self._window:
+                head = self._inflight[0]
+                try:
+                    await asyncio.wait_for(asyncio.shield(head.ack), self._ack_timeout)
+                except (TimeoutError, PublishError):
+                    await self.settle()  # deal with the failure before anything newer goes out
+                    continue
+                self.last_seq = max(self.last_seq, self._inflight.popleft().ack.result())
+            self._inflight.append(await self._send(message))
+
+    async def settle(self) -> None:
+        """Wait until every message sent so far is stored, re-sending failures in order."""
+        delay = 0.1
+        while self._inflight:
+            batch = list(self._inflight)
+            self._inflight.clear()
+            done, _ = await asyncio.wait([f.ack for f in batch], timeout=self._ack_timeout)
+            failed: list[NatsMessage] = []
+            for entry in batch:
+                if entry.ack not in done:
+                    self._waiting.pop(entry.token, None)
+                    entry.ack.cancel()
+                    failed.append(entry.message)
+                    reason = f"no acknowledgement within {self._ack_timeout:.0f}s"
+                    continue
+                error = entry.ack.exception()
+                if error is None:
+                    self.last_seq = max(self.last_seq, entry.ack.result())
+                    continue
+                if isinstance(error, PublishError) and not error.retryable:
+                    raise PermanentPublishError(
+                        f"JetStream refused {entry.message.subject} (Nats-Msg-Id {entry.message.msg_id}): {error}"
+                    )
+                failed.append(entry.message)
+                reason = str(error)
+            if not failed:
+                return
+            log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            for message in failed:
+                self._inflight.append(await self._send(message))
+
+    async def _send(self, message: NatsMessage) -> _InFlight:
+        token = str(next(self._tokens))
+        ack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = _InFlight(message, token, ack)
+        self._waiting[token] = entry
+        try:
+            await self._nc.publish(
+                message.subject, message.payload, reply=f"{self._inbox}.{token}", headers={"Nats-Msg-Id": message.msg_id}
+            )
+        except MaxPayloadError:
+            self._waiting.pop(token, None)
+            ack.set_exception(
+                PublishError(f"the message is larger than the server's max_payload ({len(message.payload)} bytes)", False)
+            )
+        except Exception as exc:  # noqa: BLE001 - disconnected, draining, ...: re-sent by settle()
+            self._waiting.pop(token, None)
+            ack.set_exception(PublishError(f"{type(exc).__name__}: {exc}", True))
+        return entry
+
+    async def _on_ack(self, msg: Msg) -> None:
+        entry = self._waiting.pop(msg.subject.rsplit(".", 1)[1], None)
+        if entry is None or entry.ack.done():
+            return  # an ack for a message already given up on (and re-sent)
+        ack = entry.ack
+        status = msg.headers.get("Status") if msg.headers else None
+        if status == "503":
+            ack.set_exception(PublishError(f"no stream captures subject {entry.message.subject}", True))
+            return
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            ack.set_exception(PublishError(f"unreadable acknowledgement {msg.data[:100]!r}", True))
+            return
+        error = reply.get("error")
+        if error:
+            code = int(error.get("code", 500))
+            retryable = code >= 500 or code in _TRANSIENT_4XX
+            text = f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})"
+            ack.set_exception(PublishError(text, retryable))
+        else:
+            ack.set_result(int(reply["seq"]))

@@ -1,0 +1,84 @@
+"""The CDC dataflow: ``WALFLOW_CONFIG=config/walflow.yaml python -m bytewax.run dataflows.cdc``.
+
+It only wires steps. For the configured database, one Postgres source; for each active
+sink of that database: filter → group key → envelope (Sequin's JSON, subject, msg id) →
+JetStream. Each sink filters on its own; a disabled sink is not built at all.
+
+Step ids derive from sink names: with recovery (``-r``) a renamed sink starts afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+
+from config import Config, ConfigError, config_path, load_config
+from config.schema import DatabaseConfig
+from connectors.nats.sink import JetStreamSink
+from connectors.nats.stream import StreamSetupError
+from connectors.postgres.source import PostgresSource
+from dataflows.logs import configure_logging
+from transforms.envelope import Envelope
+from transforms.filter import SinkFilter
+from transforms.group import GroupKey
+from transforms.route import escape_token
+
+
+def _step(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def database_for(config: Config) -> DatabaseConfig:
+    """The one database this flow reads: the only one, or the one ``WALFLOW_DATABASE`` names."""
+    wanted = os.environ.get("WALFLOW_DATABASE")
+    if wanted:
+        for db in config.databases:
+            if db.name == wanted:
+                return db
+        raise ConfigError("WALFLOW_DATABASE", [f"no database named '{wanted}' in the config"])
+    used = {s.database for s in config.sinks if s.enabled}
+    if len(used) > 1:
+        raise ConfigError(
+            "WALFLOW_DATABASE",
+            [
+                (f"active sinks read {len(used)} databases ({', '.join(sorted(used))}); one flow reads one: "
+                "set WALFLOW_DATABASE to the one this process should read")
+            ],
+        )
+    name = used.pop() if used else config.databases[0].name
+    return config.database(name)
+
+
+def build(config: Config) -> Dataflow:
+    db = database_for(config)
+    sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
+    if not sinks:
+        raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
+    flow = Dataflow("walflow")
+    changes = op.input("postgres", flow, PostgresSource(db, config.walflow.replication))
+    for sink in sinks:
+        step = _step(sink.name)
+        selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
+        keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
+        messages = op.map_value(f"{step}_envelope", keyed, Envelope(sink, db.name))
+        publish = JetStreamSink(sink, db.name, escape_token(db.name))
+        publish.prepare()
+        op.output(f"{step}_publish", messages, publish)
+    return flow
+
+
+def _load() -> Dataflow:
+    try:
+        config = load_config(config_path())
+        configure_logging(config.walflow.log_level)
+        return build(config)
+    except (ConfigError, StreamSetupError) as exc:
+        print(f"walflow: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+flow = _load()

@@ -1,0 +1,165 @@
+"""The JetStream side against a real NATS: acks in flight, order, outages, the stream check."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from nats.aio.client import Client
+
+from config.schema import NatsDestination
+from connectors.nats import runtime
+from connectors.nats.connection import connect
+from connectors.nats.messages import NatsMessage
+from connectors.nats.publisher import AckPublisher, PermanentPublishError
+from connectors.nats.stream import StreamSetupError, ensure_stream, subject_covers
+from embedded import wait_for
+from tests.harness import Nats, TestNames
+
+
+def _dest(nats_srv: Nats, names: TestNames, **stream: object) -> NatsDestination:
+    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
+    return NatsDestination.model_validate(
+        {
+            "type": "nats",
+            "host": host,
+            "port": int(port),
+            "subject_prefix": names.subject_prefix,
+            "stream": {"name": names.stream, "duplicate_window_ms": 60_000, **stream},
+            "ack_timeout_ms": 2000,
+        }
+    )
+
+
+@pytest.fixture
+def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
+    return _dest(nats_srv, names)
+
+
+@pytest.fixture
+def nc(dest: NatsDestination) -> Iterator[Client]:
+    client = runtime.run(connect(dest, name="walflow-test"))
+    try:
+        yield client
+    finally:
+        runtime.run(client.close())
+
+
+def _messages(prefix: str, n: int, start: int = 0) -> list[NatsMessage]:
+    return [NatsMessage(f"{prefix}.app.public.t.insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
+
+
+async def _stored(nc: Client, stream: str) -> list[tuple[bytes, str]]:
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await js.get_msg(stream, seq)
+        out.append((msg.data or b"", (msg.headers or {}).get("Nats-Msg-Id", "")))
+    return out
+
+
+def test_subject_coverage() -> None:
+    assert subject_covers("walflow.>", "walflow.app.>")
+    assert subject_covers(">", "walflow.app.>")
+    assert subject_covers("walflow.*.>", "walflow.app.>")
+    assert subject_covers("walflow.app.>", "walflow.app.>")
+    assert not subject_covers("walflow.other.>", "walflow.app.>")
+    assert not subject_covers("walflow.app.*", "walflow.app.>")
+    assert not subject_covers("sequin.>", "walflow.app.>")
+
+
+def test_missing_stream_is_created_from_the_config(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    info = runtime.run(nc.jetstream().stream_info(names.stream))
+    assert info.config.subjects == [f"{names.subject_prefix}.>"]
+    assert info.config.duplicate_window == 60
+    runtime.run(ensure_stream(nc, dest, "app", "app"))  # present and fine: no error, no change
+
+
+def test_stream_with_other_subjects_is_a_clear_error(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+    runtime.run(nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.other.>"]))
+    with pytest.raises(StreamSetupError) as info:
+        runtime.run(ensure_stream(nc, dest, "app", "app"))
+    assert str(info.value).startswith(
+        f"JetStream stream '{names.stream}' captures ['{names.subject_prefix}.other.>'], not walflow's subjects "
+        f"'{names.subject_prefix}.app.>' for database 'app'"
+    )
+
+
+def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: TestNames, nc: Client) -> None:
+    dest = _dest(nats_srv, names, create_if_not_exists=False)
+    with pytest.raises(StreamSetupError, match=f"JetStream stream '{names.stream}' does not exist"):
+        runtime.run(ensure_stream(nc, dest, "app", "app"))
+
+
+def _publisher(nc: Client, window: int = 64) -> AckPublisher:
+    publisher = AckPublisher(nc, window=window, ack_timeout=2.0, label="test")
+    runtime.run(publisher.start())
+    return publisher
+
+
+def test_many_in_flight_all_stored_in_order_once(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc)
+    messages = _messages(names.subject_prefix, 3000)
+    runtime.run(publisher.publish(messages[:2000]))
+    runtime.run(publisher.publish(messages[2000:]))
+    runtime.run(publisher.settle())
+    assert publisher.last_seq == 3000
+    runtime.run(publisher.publish(messages[:10]))  # a replay: JetStream drops the duplicates
+    runtime.run(publisher.settle())
+    stored = runtime.run(_stored(nc, names.stream))
+    assert stored == [(m.payload, m.msg_id) for m in messages]
+
+
+def test_outage_blocks_then_everything_lands_in_order(
+    nc: Client, dest: NatsDestination, names: TestNames, nats_srv: Nats
+) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc, window=50)
+    messages = _messages(names.subject_prefix, 400)
+    runtime.run(publisher.publish(messages[:100]))
+    runtime.run(publisher.settle())
+    nats_srv.stop()
+    done = threading.Event()
+
+    def publish_rest() -> None:
+        runtime.run(publisher.publish(messages[100:]))
+        runtime.run(publisher.settle())
+        done.set()
+
+    worker = threading.Thread(target=publish_rest)
+    worker.start()
+    assert not done.wait(2.0)  # no NATS: the sink waits, it does not drop or skip
+    nats_srv.start()
+    worker.join(60)
+    assert done.is_set()
+    wait_for(lambda: nc.is_connected, timeout=30, what="reconnect")
+    stored = runtime.run(_stored(nc, names.stream))
+    assert stored == [(m.payload, m.msg_id) for m in messages]
+
+
+def test_message_over_max_payload_stops_with_a_clear_error(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc)
+    too_big = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload + 1), "big")
+    runtime.run(publisher.publish([too_big]))
+    with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
+        runtime.run(publisher.settle())
+
+
+def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
+    dest = _dest(nats_srv, names)
+    nats_srv.stop()
+    result: list[Client] = []
+    worker = threading.Thread(target=lambda: result.append(runtime.run(connect(dest, name="late"))))
+    worker.start()
+    worker.join(2.0)
+    assert not result  # still trying
+    nats_srv.start()
+    worker.join(60)
+    assert result and result[0].is_connected
+    runtime.run(result[0].close())
+

@@ -1,0 +1,79 @@
+"""Which changes a sink receives: its actions, its ``source`` filters and its legacy ``table``.
+
+All conditions must hold. ``None`` in ``source`` means no restriction; an empty list
+includes nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
+``public.orders``), and tables are written ``schema.table`` as in the config.
+
+The decision for a table depends only on its schema and name, so it is made once per table
+and cached: this runs for every change. A table the sink has never seen (one added to the
+publication while walflow runs) is decided by the same rules the first time it shows up,
+so it flows without a restart.
+
+**Truncates never pass.** The contract's actions are insert, update and delete: a
+``TRUNCATE`` carries no rows and has no place in Sequin's payload. Dropping it silently
+would hide that consumers now disagree with the table, so the first truncate of each table
+this sink would otherwise receive is logged once per process as a WARNING.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from config.schema import SinkConfig
+from connectors.postgres.changes import Change
+
+log = logging.getLogger("walflow.transforms.filter")
+
+
+def _as_set(names: Iterable[str] | None) -> frozenset[str] | None:
+    return None if names is None else frozenset(names)
+
+
+class SinkFilter:
+    """``filter`` step of one sink: true for the changes that sink publishes."""
+
+    def __init__(self, sink: SinkConfig) -> None:
+        self._sink = sink.name
+        self._actions = frozenset(sink.actions)
+        source = sink.source
+        self._include_schemas = _as_set(source.include_schemas)
+        self._exclude_schemas = _as_set(source.exclude_schemas) or frozenset()
+        # Every include list must admit the table; the legacy one-table form is one more of them.
+        self._include_tables: list[frozenset[str]] = []
+        if source.include_tables is not None:
+            self._include_tables.append(frozenset(source.include_tables))
+        if sink.table is not None:
+            self._include_tables.append(frozenset([sink.table]))
+        self._exclude_tables = _as_set(source.exclude_tables) or frozenset()
+        self._tables: dict[tuple[str, str], bool] = {}
+        self._warned_truncates: set[tuple[str, str]] = set()
+
+    def __call__(self, change: Change) -> bool:
+        if change.action in self._actions:
+            return self._receives(change.schema, change.table)
+        if change.action == "truncate" and self._receives(change.schema, change.table):
+            self._warn_truncate(change.schema, change.table)
+        return False
+
+    def _receives(self, schema: str, table: str) -> bool:
+        """Whether this sink's schema/table rules admit ``schema.table`` (cached per table)."""
+        decision = self._tables.get((schema, table))
+        if decision is None:
+            qualified = f"{schema}.{table}"
+            decision = (
+                (self._include_schemas is None or schema in self._include_schemas)
+                and schema not in self._exclude_schemas
+                and all(qualified in names for names in self._include_tables)
+                and qualified not in self._exclude_tables
+            )
+            self._tables[(schema, table)] = decision
+        return decision
+
+    def _warn_truncate(self, schema: str, table: str) -> None:
+        if (schema, table) not in self._warned_truncates:
+            self._warned_truncates.add((schema, table))
+            log.warning(
+                "TRUNCATE of %s.%s is not delivered to sink %s: walflow delivers row changes only",
+                schema, table, self._sink,
+            )
