@@ -292,8 +292,9 @@ class WalflowSettings(Section):
     """Tunables that Sequin's format has no place for. One line each."""
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    #: Change data held in memory between the slot and JetStream, for the whole pipeline
-    #: (Sequin's per-sink max_memory_mb, but settable here and enforced as one bound).
+    #: Changes the source hands to the dataflow per epoch (estimated memory): what can be in
+    #: flight between workers and to NATS at once. Sequin's per-sink max_memory_mb, as one
+    #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.
     max_memory_mb: int = Field(default=128, ge=8)
     replication: ReplicationSettings = ReplicationSettings()
 

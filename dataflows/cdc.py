@@ -59,7 +59,8 @@ def build(config: Config) -> Dataflow:
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     flow = Dataflow("walflow")
-    changes = op.input("postgres", flow, PostgresSource(db, config.walflow.replication))
+    source = PostgresSource(db, config.walflow.replication, epoch_budget_mb=config.walflow.max_memory_mb)
+    changes = op.input("postgres", flow, source)
     for sink in sinks:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))

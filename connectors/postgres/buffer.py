@@ -51,17 +51,22 @@ class ChangeBuffer:
             else:
                 self._items.append((lsn, 0))
 
-    def take(self, max_items: int) -> list[Item]:
-        """Up to ``max_items`` items, oldest first; wakes the reader if it was waiting for room."""
+    def take(self, max_items: int, finish_within: int = 0) -> tuple[list[Item], int]:
+        """Up to ``max_items`` items, oldest first, and their size; wakes the reader if it
+        was waiting for room. If that stops inside a transaction whose end is already here,
+        up to ``finish_within`` more items are taken to reach it: an epoch that ends between
+        transactions can be confirmed to Postgres, one that ends inside one cannot."""
         with self._lock:
             was_full = self._bytes >= self.max_bytes
-            n = min(max_items, len(self._items))
-            out = []
-            for _ in range(n):
+            out: list[Item] = []
+            taken = 0
+            limit = max_items + finish_within
+            while self._items and (len(out) < max_items or (len(out) < limit and type(out[-1]) is not int)):
                 item, size = self._items.popleft()
-                self._bytes -= size
+                taken += size
                 out.append(item)
+            self._bytes -= taken
             has_room = self._bytes < self.max_bytes
         if was_full and has_room:
             self._on_room()
-        return out
+        return out, taken
