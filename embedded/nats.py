@@ -47,15 +47,24 @@ class NatsServer(EmbeddedServer):
     name = "nats"
     host = "127.0.0.1"
 
-    def __init__(self, extra_config: str = "") -> None:
+    def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None) -> None:
+        """``extra_config`` is appended to the config file (e.g. an ``authorization`` block);
+        ``tls`` = (certificate chain PEM, private key PEM) makes clients connect with TLS.
+        The monitoring port that answers the readiness probe stays plain HTTP.
+        """
         super().__init__()
         self.binary = find_binary()
         self.account = Account(os.geteuid(), os.getegid(), "self")
         self.extra_config = extra_config
+        self.tls = tls
         self.http_port = 0
 
     def _prepare(self) -> None:
         self.base = private_dir("nats", self.account)
+        if self.tls is not None:  # copies, so a restart finds them even if the caller's files are gone
+            for source, name in zip(self.tls, ("server.crt", "server.key"), strict=True):
+                shutil.copyfile(source, self.base / name)
+                (self.base / name).chmod(0o600)
 
     def _pick_ports(self) -> None:
         self.port, self.http_port = free_port(), free_port()
@@ -63,6 +72,10 @@ class NatsServer(EmbeddedServer):
     def _argv(self) -> list[str]:
         assert self.base is not None
         config = self.base / "nats.conf"
+        tls = ""
+        if self.tls is not None:
+            cert, key = (json.dumps(str(self.base / name)) for name in ("server.crt", "server.key"))
+            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n}}\n"
         config.write_text(
             f"listen: {self.host}:{self.port}\n"
             f"http: {self.host}:{self.http_port}\n"
@@ -71,6 +84,7 @@ class NatsServer(EmbeddedServer):
             "  max_memory_store: 256MB\n"
             "  max_file_store: 8GB\n"
             "}\n"
+            f"{tls}"
             f"{self.extra_config}\n"
         )
         return [str(self.binary), "-c", str(config)]

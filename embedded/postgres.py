@@ -86,11 +86,15 @@ class PostgresServer(EmbeddedServer):
     port_taken_marker = "could not bind"
     close_signal = signal.SIGINT  # "fast": ends client sessions instead of waiting for them
 
-    def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(self, settings: Mapping[str, str] | None = None, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls`` = (certificate chain PEM, private key PEM) turns on ``ssl``; plain connections still work."""
         super().__init__()
         self.bindir = find_bindir()
         self.account = Account.for_servers()  # initdb and postgres refuse to run as root
-        self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
+        self.tls = tls
+        # relative paths are read from the data directory, where _prepare copies the files
+        tls_settings = {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"} if tls else {}
+        self.settings = {**DEFAULT_SETTINGS, **tls_settings, **(settings or {})}
 
     def _prepare(self) -> None:
         self.base = private_dir("pg", self.account)
@@ -108,6 +112,18 @@ class PostgresServer(EmbeddedServer):
             cwd=self.base,
             what="initdb",
         )
+        if self.tls is not None:
+            self._install_tls(*self.tls)
+
+    def _install_tls(self, cert: Path, key: Path) -> None:
+        """Copy the pair into the data directory, owned by the server account with mode 0600: postgres reads them
+        as that account and refuses a private key that anyone else can read."""
+        for source, name in ((cert, "server.crt"), (key, "server.key")):
+            target = self.data_dir / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if not self.account.is_self:
+                os.chown(target, self.account.uid, self.account.gid)
 
     @property
     def data_dir(self) -> Path:

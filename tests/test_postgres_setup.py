@@ -70,6 +70,21 @@ def test_role_without_replication_is_a_clear_error(database: Database, names: Te
             conn.execute(f"DROP ROLE {role}")
 
 
+def test_a_replication_role_that_is_not_superuser_is_enough(database: Database, names: TestNames) -> None:
+    role = f"r_{names.slot}"
+    with database.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
+    try:
+        state = _prepare(database.config(username=role, slot={"name": names.slot, "create_if_not_exists": True}))
+        assert state.confirmed_flush_lsn > 0
+    finally:
+        with database.connect() as conn:
+            conn.execute(f"SELECT pg_drop_replication_slot('{names.slot}')")
+            conn.execute(f"DROP ROLE {role}")
+
+
 def test_tables_without_identity_are_warned_about(
     database: Database, names: TestNames, caplog: pytest.LogCaptureFixture
 ) -> None:

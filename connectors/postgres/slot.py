@@ -8,6 +8,7 @@ is turned into one clear error here that says what to run. Runs on a normal conn
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from config.schema import DatabaseConfig
+from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import str_to_lsn
 
 log = logging.getLogger("walflow.postgres")
@@ -137,7 +139,8 @@ def _ensure_slot(conn: psycopg.Connection[Any], db: DatabaseConfig) -> SlotState
 _NO_IDENTITY_QUERY = """
 SELECT p.schemaname, p.tablename, c.relreplident
 FROM pg_publication_tables p
-JOIN pg_class c ON c.oid = format('%%I.%%I', p.schemaname, p.tablename)::regclass
+JOIN pg_namespace n ON n.nspname = p.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
 WHERE p.pubname = %s
   AND (c.relreplident = 'n'
        OR (c.relreplident = 'd' AND NOT EXISTS (
@@ -153,3 +156,22 @@ def _warn_about_identity(conn: psycopg.Connection[Any], publication: str) -> Non
             schema,
             table,
         )
+
+
+def confirmed_lsn(db: DatabaseConfig) -> int:
+    """The slot's confirmed LSN (0 if there is no slot yet), waiting for the database as
+    Sequin's ``await_database`` says: where a restarted pipeline replays from."""
+    wait = db.await_database
+    deadline = time.monotonic() + wait.timeout_ms / 1000
+    while True:
+        try:
+            with psycopg.connect(conninfo(db, application_name=f"walflow:{db.slot.name}:check"), autocommit=True) as conn:
+                row = conn.execute(_SLOT_QUERY, [db.slot.name]).fetchone()
+            return str_to_lsn(row[2]) if row and row[2] else 0
+        except psycopg.OperationalError as exc:
+            if time.monotonic() >= deadline:
+                raise ReplicationSetupError(
+                    f"cannot reach database '{db.name}' at {db.hostname}:{db.port}: {exc}".strip()
+                ) from None
+            log.warning("waiting for database %s: %s", db.name, str(exc).strip())
+            time.sleep(wait.interval_ms / 1000)
