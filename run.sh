@@ -114,6 +114,10 @@ case "$cmd" in
         fi
         [ -f "$config" ] || die "config file '$config' not found (pass its path: ./run.sh run path/to/walflow.yaml)"
         export WALFLOW_CONFIG="$config"
+        # walflow's defaults for Bytewax's flags: 1 s epochs (the slot is confirmed one to
+        # two epochs after a change is stored), snapshots kept no longer than needed.
+        export BYTEWAX_SNAPSHOT_INTERVAL="${BYTEWAX_SNAPSHOT_INTERVAL:-1}"
+        export BYTEWAX_RECOVERY_BACKUP_INTERVAL="${BYTEWAX_RECOVERY_BACKUP_INTERVAL:-0}"
         exec "$VENV/bin/python" -m bytewax.run dataflows.cdc "$@"
         ;;
     demo)

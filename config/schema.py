@@ -297,6 +297,9 @@ class WalflowSettings(Section):
     #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.
     max_memory_mb: int = Field(default=128, ge=8)
     replication: ReplicationSettings = ReplicationSettings()
+    #: Recovery partitions made when ``-r DIR`` does not exist yet: at least the most
+    #: workers the pipeline will ever run with (Bytewax fixes the count at creation).
+    recovery_partitions: int = Field(default=8, ge=1)
 
 
 class Config(Section):

@@ -20,9 +20,12 @@ from config import Config, ConfigError, config_path, load_config
 from config.schema import DatabaseConfig
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import StreamSetupError
+from connectors.postgres.slot import ReplicationSetupError, confirmed_lsn
 from connectors.postgres.source import PostgresSource
 from dataflows.logs import configure_logging
-from transforms.envelope import Envelope
+from dataflows.recovery import prepare as prepare_recovery
+from dataflows.recovery import recovery_dir
+from transforms.envelope import Envelope, key_prefix
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 from transforms.route import escape_token
@@ -60,13 +63,14 @@ def build(config: Config) -> Dataflow:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     flow = Dataflow("walflow")
     source = PostgresSource(db, config.walflow.replication, epoch_budget_mb=config.walflow.max_memory_mb)
+    replay_from = confirmed_lsn(db)
     changes = op.input("postgres", flow, source)
     for sink in sinks:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
         keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
         messages = op.map_value(f"{step}_envelope", keyed, Envelope(sink, db.name))
-        publish = JetStreamSink(sink, db.name, escape_token(db.name))
+        publish = JetStreamSink(sink, db.name, escape_token(db.name), replay_from, key_prefix(db.name, sink.name))
         publish.prepare()
         op.output(f"{step}_publish", messages, publish)
     return flow
@@ -76,8 +80,11 @@ def _load() -> Dataflow:
     try:
         config = load_config(config_path())
         configure_logging(config.walflow.log_level)
+        directory = recovery_dir(sys.argv[1:], os.environ)
+        if directory is not None:
+            prepare_recovery(directory, config.walflow.recovery_partitions)
         return build(config)
-    except (ConfigError, StreamSetupError) as exc:
+    except (ConfigError, StreamSetupError, ReplicationSetupError) as exc:
         print(f"walflow: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -32,11 +32,13 @@ class Stored:
 
 
 @contextmanager
-def pipeline(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+def pipeline(
+    config: Path, *args: str, env: dict[str, str] | None = None, log_suffix: str = ""
+) -> Iterator[ServerProcess]:
     """The dataflow as users start it, in its own process; stopped (SIGTERM) on exit."""
     proc = ServerProcess(
         [sys.executable, "-m", "bytewax.run", "dataflows.cdc", *args],
-        log_path=config.with_suffix(".log"),
+        log_path=config.with_name(f"{config.stem}{log_suffix}.log"),
         cwd=ROOT,
         account=Account(os.geteuid(), os.getegid(), "self"),
         env={**os.environ, "WALFLOW_CONFIG": str(config), **(env or {})},

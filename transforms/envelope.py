@@ -188,13 +188,18 @@ def pg_text(value: Any) -> str:
 # -- the envelope ---------------------------------------------------------------------------
 
 
+def key_prefix(database_name: str, sink_name: str) -> str:
+    """What every idempotency key of one sink of one database starts with, before base64."""
+    return f"{escape_token(database_name)}/{escape_token(sink_name)}/"
+
+
 class Envelope:
     """``envelope`` step of one sink: a change → its subject, Sequin payload and ``Nats-Msg-Id``."""
 
     def __init__(self, sink: SinkConfig, database_name: str) -> None:
         self._database = database_name
         self._prefix = sink.destination.subject_prefix
-        self._key_prefix = f"{escape_token(database_name)}/{escape_token(sink.name)}/".encode()
+        self._key_prefix = key_prefix(database_name, sink.name).encode()
         consumer: dict[str, Any] = {"name": sink.name}
         if sink.annotations:
             consumer["annotations"] = sink.annotations

@@ -58,8 +58,11 @@ class _InFlight:
 class AckPublisher:
     """Publishes one partition's messages; :meth:`settle` returns once all of them are stored."""
 
-    def __init__(self, nc: Client, *, window: int, ack_timeout: float, label: str) -> None:
+    def __init__(
+        self, nc: Client, *, window: int, ack_timeout: float, label: str, skip: frozenset[str] = frozenset()
+    ) -> None:
         self._nc = nc
+        self._skip = skip  # ids found already in the stream at startup (connectors/nats/replay.py)
         self._window = window
         self._ack_timeout = ack_timeout
         self._label = label
@@ -80,6 +83,8 @@ class AckPublisher:
     async def publish(self, messages: list[NatsMessage]) -> None:
         """Send ``messages`` in order, keeping at most ``window`` unacknowledged."""
         for message in messages:
+            if message.msg_id in self._skip:
+                continue
             while len(self._inflight) >= self._window:
                 head = self._inflight[0]
                 try:

@@ -24,11 +24,13 @@ from connectors.nats import runtime
 from connectors.nats.connection import connect
 from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher
+from connectors.nats.replay import already_published
 from connectors.nats.stream import ensure_stream
 
 log = logging.getLogger("walflow.nats")
 
 _connections: dict[str, Client] = {}
+_published: dict[str, frozenset[str]] = {}
 _lock: asyncio.Lock | None = None
 
 
@@ -38,16 +40,28 @@ class SinkState(TypedDict):
     last_seq: int
 
 
-async def _connection(sink: SinkConfig, database: str, escaped_database: str) -> Client:
-    """This process's connection for ``sink``, with the stream checked once."""
+async def _connection(
+    sink: SinkConfig, database: str, escaped_database: str, replay_from: int, key_prefix: str
+) -> Client:
+    """This process's connection for ``sink``, with the stream checked and its tail read once."""
     global _lock
     if _lock is None:
         _lock = asyncio.Lock()
     async with _lock:
         nc = _connections.get(sink.name)
         if nc is None or nc.is_closed:
-            nc = await connect(sink.destination, name=f"walflow:{sink.name}")
-            await ensure_stream(nc, sink.destination, database, escaped_database)
+            dest = sink.destination
+            nc = await connect(dest, name=f"walflow:{sink.name}")
+            await ensure_stream(nc, dest, database, escaped_database)
+            if sink.name not in _published:
+                ids = await already_published(
+                    nc, dest.stream.name, f"{dest.subject_prefix}.{escaped_database}.>",
+                    key_prefix, replay_from,
+                )
+                if ids:
+                    log.info("%s: %d change(s) to be replayed are already in the stream; not publishing them again",
+                             sink.name, len(ids))
+                _published[sink.name] = frozenset(ids)
             _connections[sink.name] = nc
         return nc
 
@@ -79,23 +93,35 @@ class JetStreamPartition(StatefulSinkPartition[NatsMessage, SinkState]):
 class JetStreamSink(FixedPartitionedSink[NatsMessage, SinkState]):
     """Publishes ``(group key, NatsMessage)`` items of one configured sink."""
 
-    def __init__(self, sink: SinkConfig, database: str, escaped_database: str) -> None:
+    def __init__(
+        self, sink: SinkConfig, database: str, escaped_database: str, replay_from: int, key_prefix: str
+    ) -> None:
+        """``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
+        ``key_prefix``: how this sink's message ids start (``transforms.envelope.key_prefix``)."""
         self.sink = sink
         self.database = database
         self.escaped_database = escaped_database
+        self.replay_from = replay_from
+        self.key_prefix = key_prefix
 
     def prepare(self) -> None:
         """Connect and check the stream now, at startup, rather than at the first message
         (Bytewax builds sink partitions lazily): waits while NATS is unreachable."""
-        runtime.run(_connection(self.sink, self.database, self.escaped_database))
+        runtime.run(_connection(self.sink, self.database, self.escaped_database, self.replay_from, self.key_prefix))
 
     def list_parts(self) -> list[str]:
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]
 
     def build_part(self, step_id: str, for_part: str, resume_state: SinkState | None) -> JetStreamPartition:
         dest = self.sink.destination
-        nc = runtime.run(_connection(self.sink, self.database, self.escaped_database))
-        publisher = AckPublisher(nc, window=dest.max_in_flight, ack_timeout=dest.ack_timeout_ms / 1000, label=for_part)
+        nc = runtime.run(_connection(self.sink, self.database, self.escaped_database, self.replay_from, self.key_prefix))
+        publisher = AckPublisher(
+            nc,
+            window=dest.max_in_flight,
+            ack_timeout=dest.ack_timeout_ms / 1000,
+            label=for_part,
+            skip=_published.get(self.sink.name, frozenset()),
+        )
         runtime.run(publisher.start())
         if resume_state:
             publisher.last_seq = resume_state["last_seq"]

@@ -1,0 +1,97 @@
+"""After a restart: which changes are already in the stream, so they are not published twice.
+
+A restart replays every change after the slot's confirmed LSN. Some of them may have
+reached JetStream before the crash; ``Nats-Msg-Id`` drops those copies only within the
+stream's duplicate window (2 minutes by default). Beyond it, walflow finds them itself.
+
+Why a scan of the stream's tail suffices: the source confirms an LSN only at the end of an
+epoch that ended between transactions, and the sink finishes an epoch (all acks) before the
+source emits the next one. So every message at or after the confirmed LSN was published in
+a later epoch than every message before it, and stream order follows epoch order: in the
+stream, all of this pipeline's messages after the first one older than the confirmed LSN
+are the only candidates. Probing back from the tail finds such a message in a few requests;
+one forward read from there collects the candidates' ids. The unconfirmed tail is at most
+a few epochs long, so this stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from base64 import b64decode
+
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+log = logging.getLogger("walflow.nats")
+
+
+def position(msg_id: str, key_prefix: str) -> int | None:
+    """The commit LSN in one of this pipeline's message ids (``<db>/<sink>/<lsn>:<idx>``), else None."""
+    try:
+        text = b64decode(msg_id, validate=True).decode()
+    except ValueError:
+        return None
+    if not text.startswith(key_prefix):
+        return None
+    lsn, _, _ = text[len(key_prefix) :].partition(":")
+    return int(lsn) if lsn.isdigit() else None
+
+
+async def already_published(
+    nc: Client, stream: str, subjects: str, key_prefix: str, since_lsn: int
+) -> set[str]:
+    """Ids of this pipeline's messages in ``stream`` whose commit LSN is at or after ``since_lsn``."""
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return set()
+    first, last = info.state.first_seq, info.state.last_seq
+    if info.state.messages == 0 or since_lsn == 0:
+        return set()
+    start = await _boundary(nc, stream, first, last, key_prefix, since_lsn)
+    ids: set[str] = set()
+    sub = await js.subscribe(
+        subjects,
+        stream=stream,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start),
+    )
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=5)
+            except NatsTimeoutError:
+                break
+            msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+            lsn = position(msg_id, key_prefix)
+            if lsn is not None and lsn >= since_lsn:
+                ids.add(msg_id)
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return ids
+
+
+async def _boundary(nc: Client, stream: str, first: int, last: int, key_prefix: str, since_lsn: int) -> int:
+    """A stream sequence at or before which all of this pipeline's messages are older than ``since_lsn``."""
+    js = nc.jetstream()
+    step = 1
+    seq = last
+    while seq > first:
+        try:
+            msg = await js.get_msg(stream, seq)
+        except NotFoundError:  # deleted or expired: look further back
+            msg = None
+        if msg is not None:
+            lsn = position((msg.headers or {}).get("Nats-Msg-Id", ""), key_prefix)
+            if lsn is not None and lsn < since_lsn:
+                return seq
+        seq = max(first, last - step)
+        step *= 2
+        await asyncio.sleep(0)
+    return first
