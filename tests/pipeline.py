@@ -61,6 +61,8 @@ def stored(url: str, stream: str) -> list[Stored]:
                 info = await js.stream_info(stream)
             except NotFoundError:
                 return []
+            if info.state.messages == 0:
+                return []
             out = []
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 msg = await js.get_msg(stream, seq)

@@ -6,7 +6,9 @@ server. The stream's duplicate window is one second, so JetStream's own deduplic
 cannot hide a replay: walflow's must. Ground truth comes from a second slot on the same
 publication, read after the fact.
 
-``WALFLOW_CHAOS_KILLS`` (default 4 per mode) makes a longer run for local use.
+Modes: one process without and with ``-r``, two worker threads (``-w 2``), and a
+two-process cluster with ``-r``. ``WALFLOW_CHAOS_KILLS`` (default 3 per mode, 12 in all)
+makes a longer run for local use.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tests.replication import drain_snapshotting, partition
 from tests.test_end_to_end import write_config
 from transforms.envelope import key_prefix
 
-KILLS = int(os.environ.get("WALFLOW_CHAOS_KILLS", "4"))
+KILLS = int(os.environ.get("WALFLOW_CHAOS_KILLS", "3"))
 TABLES = ("t1", "t2", "t3")
 
 
@@ -97,8 +99,10 @@ def _confirmed(db: Database) -> int:
 def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProcess]]:
     """The pipeline in ``mode``: one process (with or without -r) or a two-process cluster."""
     args = ["-s", "1"]
-    if mode != "single":
+    if mode.endswith("-r"):
         args += ["-r", str(recovery), "-b", "0"]
+    if mode == "threads":
+        args += ["-w", "2"]
     with ExitStack() as stack:
         if mode == "cluster-r":
             addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
@@ -111,7 +115,7 @@ def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProce
         yield procs
 
 
-@pytest.mark.parametrize("mode", ["single", "single-r", "cluster-r"])
+@pytest.mark.parametrize("mode", ["single", "single-r", "threads", "cluster-r"])
 def test_kill_9_under_load_loses_and_repeats_nothing(
     mode: str, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

@@ -56,6 +56,8 @@ _READ_BURST = 500
 #: (measured: 32 MB of buffered messages grew the process by 219 MB). The buffer counts
 #: estimated memory, so ``buffer_mb`` bounds what the process really holds.
 _MEMORY_PER_WAL_BYTE = 7
+#: The least time between two status updates sent only because the confirmed LSN moved.
+_CONFIRM_GAP = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,19 +225,21 @@ class SlotReader:
 
     def _loop(self, stream: ReplicationStream, resolver: TypeResolver) -> None:
         interval = self.settings.status_interval_ms / 1000
-        next_status = 0.0
+        next_status = last_sent = 0.0
         while not self._stopping.is_set():
             now = time.monotonic()
-            if now >= next_status or self._confirmed != self._confirm_sent:
+            # a new confirmed position goes out promptly, but at most every _CONFIRM_GAP
+            if now >= next_status or (self._confirmed != self._confirm_sent and now - last_sent >= _CONFIRM_GAP):
                 self._send_status(stream)
-                next_status = now + interval
+                last_sent, next_status = now, now + interval
+            wake_by = next_status if self._confirmed == self._confirm_sent else min(next_status, last_sent + _CONFIRM_GAP)
             if self.buffer.full:
                 # Backpressure: leave the rest in Postgres, wake for room, a confirm or the next status.
-                readable, _, _ = select.select([self._wake_r], [], [], max(0.0, next_status - now))
+                readable, _, _ = select.select([self._wake_r], [], [], max(0.0, wake_by - now))
                 self._drain_wakeups(readable)
                 continue
             if self._read_burst(stream, resolver) == 0:
-                self._drain_wakeups(stream.wait(max(0.0, next_status - time.monotonic()), [self._wake_r]))
+                self._drain_wakeups(stream.wait(max(0.0, wake_by - time.monotonic()), [self._wake_r]))
 
     def _drain_wakeups(self, readable: list[int]) -> None:
         if self._wake_r in readable:

@@ -53,6 +53,8 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
         self._commit_lsn = resume.commit_lsn
         self._commit_idx = resume.commit_idx
         self._unconfirmed: int | None = None
+        self._dirty = False  # changes emitted since the last snapshot
+        self._settled = False  # every change emitted so far is covered by a confirmed snapshot
         self._idle = False
 
     def next_batch(self) -> list[Change]:
@@ -78,6 +80,12 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
                 assert isinstance(item, Change)
                 out.append(item)
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
+        if out:
+            self._dirty, self._settled = True, False
+        elif self._settled and self._lsn > self._reader.confirmed:
+            # Nothing is in flight: the position moved over WAL with nothing to publish
+            # (keepalive walEnd), so it is safe at once, without waiting for an epoch.
+            self._reader.confirm(self._lsn)
         self._idle = not out
         return out
 
@@ -92,6 +100,7 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
             # JetStream at or after the confirmed LSN came from a later epoch, which is what
             # the sink's startup check for already-published changes relies on.
             self._unconfirmed = self._lsn
+        self._dirty = False
         return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx}
 
     def close(self) -> None:
@@ -102,6 +111,7 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
         if self._unconfirmed is not None:
             self._reader.confirm(self._unconfirmed)
             self._unconfirmed = None
+            self._settled = not self._dirty
 
 
 class PostgresSource(FixedPartitionedSource[Change, SourceState]):
