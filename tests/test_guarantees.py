@@ -133,7 +133,7 @@ def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
                         "FROM pg_replication_slots WHERE slot_name = %s", [names.slot]
                     ).fetchone()
                     assert row is not None
-                    lags.append(int(row[0]))
+                    lags.append(int(str(row[0])))
                     next_sample += 1
         _alive(proc)
     written_mb = database.current_lsn() / 1e6
