@@ -269,9 +269,10 @@ class ReplicationSettings(Section):
 
     #: Set on walflow's own connection: a hung or vanished walflow frees its slot after this
     #: (the server default, 60 s, is what kept Sequin's slot "active for PID …").
-    wal_sender_timeout_ms: Milliseconds = 30_000
-    #: Standby status updates at least this often, even while the pipeline is not reading.
-    status_interval_ms: Milliseconds = 10_000
+    wal_sender_timeout_ms: Milliseconds = 15_000
+    #: Standby status updates at least this often, even while the pipeline is not reading;
+    #: a walflow connection silent for three of these is taken to be hung and is replaced.
+    status_interval_ms: Milliseconds = 2_000
     #: Memory of changes decoded but not yet taken by the dataflow (estimated from their WAL
     #: size); beyond it the reader stops reading, keeps the connection alive, and waits.
     buffer_mb: int = Field(default=32, ge=1)

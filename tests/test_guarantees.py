@@ -55,7 +55,11 @@ def _setup(db: Database, names: TestNames, nats_srv: Nats, tmp_path: Path, **str
 
 
 class Inserter(threading.Thread):
-    """Inserts rows 1, 2, 3, … into ``events`` at about ``rate`` a second until stopped."""
+    """Inserts rows 1, 2, 3, … into ``events`` at about ``rate`` a second until stopped.
+
+    It rides out Postgres restarts: a row whose commit it could not see is inserted again
+    (``ON CONFLICT DO NOTHING`` makes that a no-op if the first attempt did commit).
+    """
 
     def __init__(self, dsn: str, rate: float) -> None:
         super().__init__(daemon=True)
@@ -64,14 +68,19 @@ class Inserter(threading.Thread):
         self.count = 0
 
     def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            started = time.monotonic()
-            while not self.stop.is_set():
-                conn.execute("INSERT INTO events VALUES (%s, repeat('x', 100))", [self.count + 1])
-                self.count += 1
-                ahead = self.count / self.rate - (time.monotonic() - started)
-                if ahead > 0:
-                    self.stop.wait(ahead)  # a load generator's pacing, not synchronisation
+        started = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                    while not self.stop.is_set():
+                        conn.execute("INSERT INTO events VALUES (%s, repeat('x', 100)) ON CONFLICT DO NOTHING",
+                                     [self.count + 1])
+                        self.count += 1
+                        ahead = self.count / self.rate - (time.monotonic() - started)
+                        if ahead > 0:
+                            self.stop.wait(ahead)  # a load generator's pacing, not synchronisation
+            except psycopg.OperationalError:
+                self.stop.wait(0.2)  # the server is restarting: try again
 
 
 def test_nats_outage_under_load_holds_the_slot_and_loses_nothing(

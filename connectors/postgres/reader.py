@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import threading
 import time
@@ -44,8 +45,8 @@ from connectors.postgres.protocol import (
     status_update,
     xlogdata_start,
 )
-from connectors.postgres.slot import SlotState, prepare
-from connectors.postgres.stream import ReplicationStream, quote_identifier
+from connectors.postgres.slot import ReplicationSetupError, SlotState, prepare
+from connectors.postgres.stream import ReplicationStream, StreamError, quote_identifier
 from connectors.postgres.values import TableSchema, TypeResolver
 
 log = logging.getLogger("walflow.postgres")
@@ -58,6 +59,25 @@ _READ_BURST = 500
 _MEMORY_PER_WAL_BYTE = 7
 #: The least time between two status updates sent only because the confirmed LSN moved.
 _CONFIRM_GAP = 0.1
+_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
+
+#: Errors an operator must act on, with what to do.
+_FATAL_SQLSTATES = {
+    "55000": "replication slot '{slot}' can no longer be used: {error}. PostgreSQL invalidated it (its WAL was "
+    "removed, e.g. by max_slot_wal_keep_size), so the changes since its last confirmed position are gone from it. "
+    "To recover: SELECT pg_drop_replication_slot('{slot}'); start walflow again to recreate the slot, and "
+    "backfill the tables from their current contents.",
+    "42704": "replication of slot '{slot}' stopped: {error}. The publication was dropped (or never existed) while "
+    "walflow was reading; PostgreSQL cannot decode past that point with it. Recreate the publication, then "
+    "drop and recreate the slot and backfill the changes since.",
+}
+
+_HOLDER_QUERY = """
+SELECT s.active_pid, r.application_name, coalesce(r.client_addr::text, 'local'),
+       extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start))
+FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_name = %s
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +135,8 @@ class SlotReader:
         self._confirm_sent = -1
         self._received = resume.lsn  # write: the furthest LSN seen
         self._marked = resume.lsn  # the last position marker put in the buffer
+        self._last_heard = 0.0  # when the server last sent anything
+        self._last_put: tuple[int | None, int] = (resume.commit_lsn, resume.commit_idx)  # the last change put
         self._relations: dict[int, TableSchema] = {}
         self._txn: _Transaction | None = None
         self._decoder = pgoutput.Decoder()
@@ -167,13 +189,55 @@ class SlotReader:
 
     def _run(self) -> None:
         try:
-            self._session()
+            self._supervise()
         except Exception as exc:  # noqa: BLE001 - not swallowed: the partition raises it in the flow
             if not self._stopping.is_set():
                 log.error("replication of slot %s failed: %s", self.db.slot.name, exc)
                 self.error = exc
         finally:
             self._close_pipe()
+
+    def _supervise(self) -> None:
+        """Run sessions; after anything transient reconnect with capped, jittered backoff.
+
+        Fatal: what an operator must fix (setup errors, an invalidated slot, a dropped
+        publication) and what walflow cannot read (protocol errors). Everything else — a
+        restarted or unreachable server, a terminated walsender, a slot still held by a
+        previous connection — is retried, resuming exactly after the last change handed on.
+        """
+        delay = _BACKOFF_MIN
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                self._session()
+                return
+            except StreamError as exc:
+                if exc.sqlstate in _FATAL_SQLSTATES:
+                    message = _FATAL_SQLSTATES[exc.sqlstate].format(slot=self.db.slot.name, error=exc)
+                    raise ReplicationSetupError(message) from exc
+                problem = str(exc)
+                if exc.retry_after is not None:
+                    delay = exc.retry_after
+            except psycopg.OperationalError as exc:
+                problem = str(exc)
+            if time.monotonic() - started > 60:
+                delay = _BACKOFF_MIN  # it streamed for a while: this is a new problem
+            wait = delay * random.uniform(0.8, 1.2)
+            log.warning("replication of slot %s interrupted: %s; reconnecting in %.1fs",
+                        self.db.slot.name, problem.strip().splitlines()[0] if problem.strip() else "?", wait)
+            self._prepare_reconnect()
+            self._stopping.wait(wait)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _prepare_reconnect(self) -> None:
+        """The next session resumes right after the last change put in the buffer."""
+        commit_lsn, idx = self._last_put
+        if commit_lsn is not None and self._marked <= commit_lsn:  # that transaction is unfinished
+            self.resume = ResumePoint(self._marked, commit_lsn, idx)
+        else:
+            self.resume = ResumePoint(self._marked)
+        self._txn = None
+        self._decoder = pgoutput.Decoder()
 
     def _session(self) -> None:
         timeout = self.settings.wal_sender_timeout_ms
@@ -191,11 +255,16 @@ class SlotReader:
             try:
                 # Start at our own durable position; the server uses max(it, confirmed_flush_lsn).
                 start = self.resume.lsn
-                stream.start(
-                    self.db.slot.name,
-                    start,
-                    {"proto_version": "1", "publication_names": quote_identifier(self.db.publication.name)},
-                )
+                try:
+                    stream.start(
+                        self.db.slot.name,
+                        start,
+                        {"proto_version": "1", "publication_names": quote_identifier(self.db.publication.name)},
+                    )
+                except StreamError as exc:
+                    if exc.sqlstate == "55006":
+                        raise self._slot_busy(meta) from None
+                    raise
                 log.info(
                     "streaming slot %s from %s (server confirmed %s)",
                     self.db.slot.name,
@@ -208,6 +277,26 @@ class SlotReader:
                 stream.end()
             finally:
                 stream.close()
+
+    def _slot_busy(self, meta: psycopg.Connection[Any]) -> StreamError:
+        """55006: find who holds the slot. walflow's own silent connection is ended at once
+        (the old walsender has not noticed its client is gone); anyone else is waited for."""
+        row = meta.execute(_HOLDER_QUERY, [self.db.slot.name]).fetchone()
+        if row is None or row[0] is None:
+            return StreamError("the slot was busy and has just been released", "55006", retry_after=0.1)
+        pid, app, client, silent = row
+        silent_s = float(silent) if silent is not None else 0.0
+        stale_after = 3 * self.settings.status_interval_ms / 1000
+        if app == self.application_name and silent_s > stale_after:
+            meta.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+            log.warning("slot %s was held by walflow's own walsender PID %s, silent for %.0fs: terminated it",
+                        self.db.slot.name, pid, silent_s)
+            return StreamError(f"terminated a stale walsender (PID {pid})", "55006", retry_after=0.1)
+        return StreamError(
+            f"slot {self.db.slot.name} is in use by PID {pid} (application_name '{app}', client {client}, "
+            f"last reply {silent_s:.0f}s ago); waiting for it to be released",
+            "55006",
+        )
 
     def _start_position(self, server_confirmed: int) -> None:
         """On a fresh start the slot's confirmed position is where the pipeline stands."""
@@ -225,18 +314,28 @@ class SlotReader:
 
     def _loop(self, stream: ReplicationStream, resolver: TypeResolver) -> None:
         interval = self.settings.status_interval_ms / 1000
+        # Liveness is judged on *any* message, never on data: a long catch-up over WAL with
+        # nothing to publish sends only keepalives. Silence past a status interval is met with
+        # reply-requested pings, which the walsender answers even while catching up (at worst
+        # after wal_sender_timeout/2); only no answer at all means the connection is dead.
+        dead_after = self.settings.wal_sender_timeout_ms / 2000 + 3 * interval
         next_status = last_sent = 0.0
+        self._last_heard = time.monotonic()
         while not self._stopping.is_set():
             now = time.monotonic()
+            silent = now - self._last_heard
+            if silent > dead_after:
+                raise StreamError(f"no message from the server for {silent:.0f}s despite pings: connection lost")
             # a new confirmed position goes out promptly, but at most every _CONFIRM_GAP
             if now >= next_status or (self._confirmed != self._confirm_sent and now - last_sent >= _CONFIRM_GAP):
-                self._send_status(stream)
+                self._send_status(stream, reply=silent > interval)
                 last_sent, next_status = now, now + interval
             wake_by = next_status if self._confirmed == self._confirm_sent else min(next_status, last_sent + _CONFIRM_GAP)
             if self.buffer.full:
                 # Backpressure: leave the rest in Postgres, wake for room, a confirm or the next status.
                 readable, _, _ = select.select([self._wake_r], [], [], max(0.0, wake_by - now))
                 self._drain_wakeups(readable)
+                self._last_heard = time.monotonic()  # not listening is not silence
                 continue
             if self._read_burst(stream, resolver) == 0:
                 self._drain_wakeups(stream.wait(max(0.0, wake_by - time.monotonic()), [self._wake_r]))
@@ -263,6 +362,7 @@ class SlotReader:
             if data is None:
                 break
             handled += 1
+            self._last_heard = time.monotonic()
             kind = data[0]
             if kind == 0x77:  # 'w' XLogData
                 self._received = max(self._received, xlogdata_start(data))
@@ -295,6 +395,7 @@ class SlotReader:
             txn.next_idx += 1
             if not self.resume.skips(txn.commit_lsn, idx):
                 self.buffer.put(self._change(msg, txn, idx), size)
+                self._last_put = (txn.commit_lsn, idx)
         elif isinstance(msg, pgoutput.Begin):
             self._txn = _Transaction(msg.final_lsn, pg_timestamp(msg.commit_ts), msg.xid)
         elif isinstance(msg, pgoutput.Commit):
@@ -313,6 +414,7 @@ class SlotReader:
                     change = Change("truncate", schema.schema, schema.table, schema.key_columns, None, None,
                                     txn.commit_lsn, idx, txn.commit_ts, txn.xid)
                     self.buffer.put(change, size)
+                    self._last_put = (txn.commit_lsn, idx)
         elif isinstance(msg, pgoutput.Type | pgoutput.Origin):
             pass  # types are resolved by OID when a Relation uses them; origins are not reported
         else:

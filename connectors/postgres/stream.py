@@ -18,9 +18,11 @@ from connectors.postgres.protocol import lsn_to_str
 class StreamError(RuntimeError):
     """The server refused or ended the replication stream; ``sqlstate`` says why, if it said."""
 
-    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+    def __init__(self, message: str, sqlstate: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+        #: When set, how soon a reconnect may try again (a stale holder was just removed).
+        self.retry_after = retry_after
 
 
 def quote_identifier(name: str) -> str:

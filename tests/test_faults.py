@@ -1,0 +1,131 @@
+"""Faults from the seeds, injected for real: restarts, hung and foreign slot holders.
+
+Each test measures how long recovery took and prints it (``-s`` shows the figures).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from embedded import PostgresServer, wait_for
+from embedded.postgres import find_bindir
+from tests.harness import Database, Nats, Postgres, TestNames
+from tests.pipeline import pipeline, stored
+from tests.test_guarantees import Inserter, _alive, _confirmed, _setup, _slot_active
+
+
+def _walsender(db: Database) -> tuple[int, str] | None:
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT s.active_pid, r.application_name FROM pg_replication_slots s "
+            "JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s",
+            [db.names.slot],
+        ).fetchone()
+    return (int(str(row[0])), str(row[1])) if row else None
+
+
+def _exactly_once(nats_url: str, stream: str, count: int) -> None:
+    ids = sorted(e.event["record"]["id"] for e in stored(nats_url, stream))
+    assert ids == list(range(1, count + 1))
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_postgres_restart_under_load(
+    mode: str, pg: Postgres, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str,
+    tmp_path: Path,
+) -> None:
+    if not isinstance(pg, PostgresServer):
+        pytest.skip("needs the embedded PostgreSQL")
+    config = _setup(database, names, nats_srv, tmp_path)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        writer = Inserter(database.dsn, rate=300)
+        writer.start()
+        wait_for(lambda: writer.count > 300, timeout=30, what="load")
+        pg.restart(mode)
+        restarted = time.monotonic()
+        wait_for(lambda: _slot_active(database), timeout=60, what="the pipeline to reconnect",
+                 check=lambda: _alive(proc))
+        print(f"postgres {mode} restart: pipeline streaming again {time.monotonic() - restarted:.1f}s after")
+        wait_for(lambda: writer.count > 900, timeout=60, what="more load")
+        writer.stop.set()
+        writer.join(10)
+        end = database.current_lsn()
+        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the slot to catch up",
+                 check=lambda: _alive(proc))
+    _exactly_once(nats_srv.url, names.stream, writer.count)
+
+
+def test_a_hung_walflow_is_replaced_by_a_new_one(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = _setup(database, names, nats_srv, tmp_path)
+    writer = Inserter(database.dsn, rate=200)
+    with pipeline(config, "-s", "1", log_suffix=".a") as first:
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(first))
+        writer.start()
+        wait_for(lambda: writer.count > 200, timeout=30, what="load")
+        held = _walsender(database)
+        assert held is not None
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGSTOP)  # hung: alive, socket open, silent
+        stopped = time.monotonic()
+        with pipeline(config, "-s", "1", log_suffix=".b") as second:
+            wait_for(lambda: (w := _walsender(database)) is not None and w[0] != held[0], timeout=60,
+                     what="the second walflow to take the slot", check=lambda: _alive(second))
+            took = time.monotonic() - stopped
+            print(f"hung walflow: replaced after {took:.1f}s")
+            os.kill(first.pid, signal.SIGCONT)  # the first one wakes up: it must not take the slot back
+            wait_for(lambda: "waiting for it to be released" in first.log_tail(200), timeout=60,
+                     what="the first walflow to wait", check=lambda: _alive(first))
+            assert (w := _walsender(database)) is not None and w[0] != held[0]
+            writer.stop.set()
+            writer.join(10)
+            end = database.current_lsn()
+            wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the slot to catch up",
+                     check=lambda: _alive(second))
+            assert (w := _walsender(database)) is not None and w[0] != held[0]
+    assert took < 20
+    _exactly_once(nats_srv.url, names.stream, writer.count)
+
+
+def test_a_hung_foreign_holder_is_waited_for_then_the_slot_taken(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = _setup(database, names, nats_srv, tmp_path)
+    with database.connect() as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
+    dsn = f"{database.dsn} options='-c wal_sender_timeout=5s'"
+    holder = subprocess.Popen(
+        [str(find_bindir() / "pg_recvlogical"), "-d", dsn, "--slot", names.slot, "--start", "-f", "/dev/null",
+         "-o", "proto_version=1", "-o", f"publication_names={names.publication}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (w := _walsender(database)) is not None and w[1] == "pg_recvlogical", timeout=30,
+                 what="pg_recvlogical to hold the slot")
+        holder.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        with pipeline(config, "-s", "1") as proc:
+            wait_for(lambda: (w := _walsender(database)) is not None and w[1].startswith("walflow"), timeout=60,
+                     what="walflow to take the slot once Postgres frees it", check=lambda: _alive(proc))
+            took = time.monotonic() - stopped
+            log = proc.log_tail(200)
+            with database.connect() as conn:
+                for i in range(1, 11):
+                    conn.execute("INSERT INTO events VALUES (%s, 'x')", [i])
+            end = database.current_lsn()
+            wait_for(lambda: _confirmed(database) >= end, timeout=60, what="delivery", check=lambda: _alive(proc))
+    finally:
+        holder.kill()
+        holder.wait()
+    print(f"foreign holder: slot taken {took:.1f}s after the holder hung (its wal_sender_timeout: 5s)")
+    assert "application_name 'pg_recvlogical'" in log and "waiting for it to be released" in log
+    assert log.count("reconnecting in") <= 8  # backoff, not a storm
+    _exactly_once(nats_srv.url, names.stream, 10)
