@@ -278,6 +278,9 @@ class ReplicationSettings(Section):
     buffer_mb: int = Field(default=32, ge=1)
     #: Changes handed to Bytewax per ``next_batch`` call.
     batch_size: int = Field(default=1000, ge=1)
+    #: A ``pg_logical_emit_message`` heartbeat this often (0: none): it moves the slot on an
+    #: idle database and measures the round trip that readiness checks.
+    heartbeat_interval_ms: int = Field(default=5_000, ge=0)
 
     @model_validator(mode="after")
     def _keepalive_rule(self) -> ReplicationSettings:
@@ -289,6 +292,14 @@ class ReplicationSettings(Section):
         return self
 
 
+class HealthSettings(Section):
+    """The HTTP health endpoint (``/healthz``, ``/readyz``)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: Port = 9187
+
+
 class WalflowSettings(Section):
     """Tunables that Sequin's format has no place for. One line each."""
 
@@ -298,6 +309,7 @@ class WalflowSettings(Section):
     #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.
     max_memory_mb: int = Field(default=128, ge=8)
     replication: ReplicationSettings = ReplicationSettings()
+    health: HealthSettings = HealthSettings()
     #: Recovery partitions made when ``-r DIR`` does not exist yet: at least the most
     #: workers the pipeline will ever run with (Bytewax fixes the count at creation).
     recovery_partitions: int = Field(default=8, ge=1)

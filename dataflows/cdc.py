@@ -22,6 +22,7 @@ from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import StreamSetupError
 from connectors.postgres.slot import ReplicationSetupError, confirmed_lsn
 from connectors.postgres.source import PostgresSource
+from dataflows.health import serve as serve_health
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
@@ -80,6 +81,8 @@ def _load() -> Dataflow:
     try:
         config = load_config(config_path())
         configure_logging(config.walflow.log_level)
+        if config.walflow.health.enabled:
+            serve_health(config.walflow.health.host, config.walflow.health.port)
         directory = recovery_dir(sys.argv[1:], os.environ)
         if directory is not None:
             prepare_recovery(directory, config.walflow.recovery_partitions)

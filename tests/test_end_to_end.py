@@ -19,7 +19,9 @@ from tests.harness import Database, Nats, TestNames
 from tests.pipeline import pipeline, stored
 
 
-def write_config(path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]]) -> Path:
+def write_config(
+    path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]], **walflow: Any
+) -> Path:
     params = conninfo_to_dict(db.dsn)
     host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     config = {
@@ -42,7 +44,7 @@ def write_config(path: Path, db: Database, nats_srv: Nats, names: TestNames, sin
             }
             for sink in sinks
         ],
-        "walflow": {"log_level": "info"},
+        "walflow": {"log_level": "info", "health": {"enabled": False}, **walflow},
     }
     target = path / "walflow.yaml"
     target.write_text(yaml.safe_dump(config))

@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client
@@ -44,6 +45,13 @@ class PublishError(Exception):
         self.retryable = retryable
 
 
+class NoStreamError(PublishError):
+    """No stream captures the subject (JetStream's 503 "no responders")."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no stream captures subject {subject}", True)
+
+
 class PermanentPublishError(RuntimeError):
     """JetStream refused a message for a reason that retrying cannot fix."""
 
@@ -59,9 +67,17 @@ class AckPublisher:
     """Publishes one partition's messages; :meth:`settle` returns once all of them are stored."""
 
     def __init__(
-        self, nc: Client, *, window: int, ack_timeout: float, label: str, skip: frozenset[str] = frozenset()
+        self,
+        nc: Client,
+        *,
+        window: int,
+        ack_timeout: float,
+        label: str,
+        skip: frozenset[str] = frozenset(),
+        on_no_stream: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
+        self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         self._skip = skip  # ids found already in the stream at startup (connectors/nats/replay.py)
         self._window = window
         self._ack_timeout = ack_timeout
@@ -103,6 +119,7 @@ class AckPublisher:
             self._inflight.clear()
             done, _ = await asyncio.wait([f.ack for f in batch], timeout=self._ack_timeout)
             failed: list[NatsMessage] = []
+            no_stream = False
             for entry in batch:
                 if entry.ack not in done:
                     self._waiting.pop(entry.token, None)
@@ -120,11 +137,14 @@ class AckPublisher:
                     )
                 failed.append(entry.message)
                 reason = str(error)
+                no_stream = no_stream or isinstance(error, NoStreamError)
             if not failed:
                 return
             log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+            if no_stream and self._on_no_stream is not None:
+                await self._on_no_stream()
             for message in failed:
                 self._inflight.append(await self._send(message))
 
@@ -154,7 +174,7 @@ class AckPublisher:
         ack = entry.ack
         status = msg.headers.get("Status") if msg.headers else None
         if status == "503":
-            ack.set_exception(PublishError(f"no stream captures subject {entry.message.subject}", True))
+            ack.set_exception(NoStreamError(entry.message.subject))
             return
         try:
             reply = json.loads(msg.data)

@@ -121,6 +121,7 @@ class JetStreamSink(FixedPartitionedSink[NatsMessage, SinkState]):
             ack_timeout=dest.ack_timeout_ms / 1000,
             label=for_part,
             skip=_published.get(self.sink.name, frozenset()),
+            on_no_stream=lambda: ensure_stream(nc, dest, self.database, self.escaped_database),
         )
         runtime.run(publisher.start())
         if resume_state:

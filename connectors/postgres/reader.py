@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 
 from config.schema import DatabaseConfig, ReplicationSettings
-from connectors.postgres import pgoutput
+from connectors.postgres import heartbeat, pgoutput
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.changes import Action, Change
 from connectors.postgres.connection import conninfo
@@ -60,6 +60,9 @@ _MEMORY_PER_WAL_BYTE = 7
 #: The least time between two status updates sent only because the confirmed LSN moved.
 _CONFIRM_GAP = 0.1
 _BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
+
+#: The readers running in this process, for the health endpoint.
+READERS: set[SlotReader] = set()
 
 #: Errors an operator must act on, with what to do.
 _FATAL_SQLSTATES = {
@@ -136,6 +139,11 @@ class SlotReader:
         self._received = resume.lsn  # write: the furthest LSN seen
         self._marked = resume.lsn  # the last position marker put in the buffer
         self._last_heard = 0.0  # when the server last sent anything
+        self.connected = False
+        self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
+        self.heartbeat_rtt = 0.0  # its round trip, in seconds
+        interval = settings.heartbeat_interval_ms / 1000
+        self._heartbeats = heartbeat.HeartbeatWriter(db, interval) if interval else None
         self._last_put: tuple[int | None, int] = (resume.commit_lsn, resume.commit_idx)  # the last change put
         self._relations: dict[int, TableSchema] = {}
         self._txn: _Transaction | None = None
@@ -145,7 +153,25 @@ class SlotReader:
 
     def start(self) -> SlotReader:
         self._thread.start()
+        if self._heartbeats is not None:
+            self._heartbeats.start()
+        READERS.add(self)
         return self
+
+    def health(self) -> dict[str, object]:
+        """What readiness looks at: connected, heartbeat fresh, no fatal error."""
+        interval = self.settings.heartbeat_interval_ms / 1000
+        age = time.time() - self.heartbeat_seen if self.heartbeat_seen else None
+        fresh = not interval or (age is not None and age < 3 * interval + 5)
+        return {
+            "slot": self.db.slot.name,
+            "connected": self.connected,
+            "error": str(self.error) if self.error else None,
+            "confirmed_lsn": lsn_to_str(self._confirmed),
+            "heartbeat_age_s": None if age is None else round(age, 3),
+            "heartbeat_rtt_ms": round(self.heartbeat_rtt * 1000, 1),
+            "ready": self.connected and self.error is None and fresh,
+        }
 
     def confirm(self, lsn: int) -> None:
         """Everything before ``lsn`` is durable downstream: report it as the flush position."""
@@ -163,6 +189,9 @@ class SlotReader:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the thread to finish: it confirms what it was told, ends COPY and closes."""
+        READERS.discard(self)
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
         self._stopping.set()
         self._wake()
         if self._thread.is_alive():
@@ -259,12 +288,17 @@ class SlotReader:
                     stream.start(
                         self.db.slot.name,
                         start,
-                        {"proto_version": "1", "publication_names": quote_identifier(self.db.publication.name)},
+                        {
+                            "proto_version": "1",
+                            "publication_names": quote_identifier(self.db.publication.name),
+                            "messages": "true",  # heartbeats
+                        },
                     )
                 except StreamError as exc:
                     if exc.sqlstate == "55006":
                         raise self._slot_busy(meta) from None
                     raise
+                self.connected = True
                 log.info(
                     "streaming slot %s from %s (server confirmed %s)",
                     self.db.slot.name,
@@ -276,6 +310,7 @@ class SlotReader:
                 self._send_status(stream)  # a clean stop: the last confirmed position, then CopyDone
                 stream.end()
             finally:
+                self.connected = False
                 stream.close()
 
     def _slot_busy(self, meta: psycopg.Connection[Any]) -> StreamError:
@@ -415,10 +450,15 @@ class SlotReader:
                                     txn.commit_lsn, idx, txn.commit_ts, txn.xid)
                     self.buffer.put(change, size)
                     self._last_put = (txn.commit_lsn, idx)
+        elif isinstance(msg, pgoutput.Message):
+            # walflow's heartbeats (others' logical messages are not row changes: not emitted)
+            if msg.prefix == heartbeat.PREFIX and (sent := heartbeat.decode(msg.content, self.db.slot.name)):
+                self.heartbeat_seen = time.time()
+                self.heartbeat_rtt = self.heartbeat_seen - sent
         elif isinstance(msg, pgoutput.Type | pgoutput.Origin):
             pass  # types are resolved by OID when a Relation uses them; origins are not reported
         else:
-            # Stream*/Prepare*/Message only come with options this session does not set.
+            # Stream*/Prepare* only come with options this session does not set.
             raise ProtocolError(f"unexpected {type(msg).__name__} message: walflow did not ask for it")
 
     def _change(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, txn: _Transaction, idx: int) -> Change:

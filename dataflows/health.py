@@ -1,0 +1,54 @@
+"""The health endpoint: ``/healthz`` (the process answers) and ``/readyz`` (replication is healthy).
+
+Readiness is about replication, not the process: the slot's reader is connected, its
+heartbeats come back through the slot, and nothing fatal happened. A process of a cluster
+that does not read the slot is ready when it is up. Loopback by default; a port that is
+taken is logged and skipped (several pipelines on one host): health is an aid, never a
+reason to stop replicating.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from connectors.postgres.reader import READERS
+
+log = logging.getLogger("walflow.health")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/healthz":
+            self._reply(200, {"status": "up"})
+        elif self.path == "/readyz":
+            readers = [r.health() for r in list(READERS)]
+            ready = all(r["ready"] for r in readers)
+            self._reply(200 if ready else 503, {"status": "ready" if ready else "not ready", "slots": readers})
+        else:
+            self._reply(404, {"error": "try /healthz or /readyz"})
+
+    def _reply(self, code: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+def serve(host: str, port: int) -> ThreadingHTTPServer | None:
+    """Serve health on ``host:port`` from a daemon thread; None if the port is taken."""
+    try:
+        server = ThreadingHTTPServer((host, port), _Handler)
+    except OSError as exc:
+        log.warning("health endpoint not started on %s:%d: %s", host, port, exc)
+        return None
+    threading.Thread(target=server.serve_forever, name="walflow-health", daemon=True).start()
+    log.info("health endpoint on http://%s:%d/readyz", host, server.server_address[1])
+    return server

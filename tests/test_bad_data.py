@@ -1,0 +1,59 @@
+"""Bad data and configuration that changes under a running pipeline: each has a policy, none loses silently."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+
+from embedded import wait_for
+from tests.harness import Database, Nats, TestNames
+from tests.pipeline import pipeline, stored
+from tests.test_guarantees import _alive, _confirmed, _setup, _slot_active
+
+
+def test_a_stream_deleted_while_running_is_created_again(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = _setup(database, names, nats_srv, tmp_path)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        with database.connect() as conn:
+            conn.execute("INSERT INTO events VALUES (1, 'before')")
+        wait_for(lambda: len(stored(nats_srv.url, names.stream)) == 1, timeout=30, what="the first event")
+
+        async def delete() -> None:
+            nc = await nats.connect(nats_srv.url)
+            await nc.jetstream().delete_stream(names.stream)
+            await nc.close()
+
+        asyncio.run(delete())
+        with database.connect() as conn:
+            conn.execute("INSERT INTO events VALUES (2, 'after')")
+        end = database.current_lsn()
+        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="delivery into a new stream",
+                 check=lambda: _alive(proc))
+        log = proc.log_tail(100)
+    assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [2]
+    assert "no stream captures subject" in log
+
+
+def test_a_row_over_max_payload_stops_the_pipeline_with_a_clear_error(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    """Policy: stop, say which change, confirm nothing past it (raise NATS's max_payload, or
+    exclude the table, then restart: the change is delivered then)."""
+    config = _setup(database, names, nats_srv, tmp_path)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        with database.connect() as conn:
+            conn.execute("INSERT INTO events VALUES (1, 'small')")
+            conn.execute("INSERT INTO events VALUES (2, repeat('x', 2000000))")  # NATS's default limit is 1 MB
+            big_at = database.current_lsn()
+        wait_for(lambda: not proc.running, timeout=60, what="the pipeline to stop")
+        log = proc.log_tail(300)
+    assert "larger than the server's max_payload" in log
+    assert f"{names.subject_prefix}.shop.public.events.insert" in log
+    assert _confirmed(database) < big_at
+    assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [1]
