@@ -59,6 +59,8 @@ _READ_BURST = 500
 _MEMORY_PER_WAL_BYTE = 7
 #: The least time between two status updates sent only because the confirmed LSN moved.
 _CONFIRM_GAP = 0.1
+#: walEnd standing still this long (seconds) while connected is logged as a warning.
+_STALL_WARNING = 300.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
 
 #: The readers running in this process, for the health endpoint.
@@ -139,6 +141,7 @@ class SlotReader:
         self._received = resume.lsn  # write: the furthest LSN seen
         self._marked = resume.lsn  # the last position marker put in the buffer
         self._last_heard = 0.0  # when the server last sent anything
+        self._progress_lsn, self._progress_at = resume.lsn, time.monotonic()  # walEnd's last move
         self.connected = False
         self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
         self.heartbeat_rtt = 0.0  # its round trip, in seconds
@@ -361,6 +364,7 @@ class SlotReader:
             silent = now - self._last_heard
             if silent > dead_after:
                 raise StreamError(f"no message from the server for {silent:.0f}s despite pings: connection lost")
+            self._watch_progress(now)
             # a new confirmed position goes out promptly, but at most every _CONFIRM_GAP
             if now >= next_status or (self._confirmed != self._confirm_sent and now - last_sent >= _CONFIRM_GAP):
                 self._send_status(stream, reply=silent > interval)
@@ -374,6 +378,16 @@ class SlotReader:
                 continue
             if self._read_burst(stream, resolver) == 0:
                 self._drain_wakeups(stream.wait(max(0.0, wake_by - time.monotonic()), [self._wake_r]))
+
+    def _watch_progress(self, now: float) -> None:
+        """walEnd standing still while heartbeats are written is worth a warning, not a restart:
+        the server may be replaying one huge transaction (it sends keepalives meanwhile)."""
+        if self._received != self._progress_lsn:
+            self._progress_lsn, self._progress_at = self._received, now
+        elif now - self._progress_at > _STALL_WARNING and not self.buffer.full and self._heartbeats is not None:
+            log.warning("slot %s: no progress through the WAL for %.0f min (at %s); still connected, still waiting",
+                        self.db.slot.name, (now - self._progress_at) / 60, lsn_to_str(self._received))
+            self._progress_at = now
 
     def _drain_wakeups(self, readable: list[int]) -> None:
         if self._wake_r in readable:
