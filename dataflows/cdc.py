@@ -62,18 +62,23 @@ def build(config: Config) -> Dataflow:
     sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
-    flow = Dataflow("walflow")
-    source = PostgresSource(db, config.walflow.replication, epoch_budget_mb=config.walflow.max_memory_mb)
     replay_from = confirmed_lsn(db)
+    publishers = {
+        sink.name: JetStreamSink(sink, db.name, escape_token(db.name), replay_from, key_prefix(db.name, sink.name))
+        for sink in sinks
+    }
+    replay_horizon = max(publish.prepare() for publish in publishers.values())
+    flow = Dataflow("walflow")
+    source = PostgresSource(
+        db, config.walflow.replication, epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon
+    )
     changes = op.input("postgres", flow, source)
     for sink in sinks:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
         keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
         messages = op.map_value(f"{step}_envelope", keyed, Envelope(sink, db.name))
-        publish = JetStreamSink(sink, db.name, escape_token(db.name), replay_from, key_prefix(db.name, sink.name))
-        publish.prepare()
-        op.output(f"{step}_publish", messages, publish)
+        op.output(f"{step}_publish", messages, publishers[sink.name])
     return flow
 
 

@@ -10,6 +10,7 @@ import pytest
 from config.schema import ReplicationSettings
 from connectors.postgres.protocol import str_to_lsn
 from connectors.postgres.reader import ResumePoint
+from connectors.postgres.source import PostgresSource
 from embedded import wait_for
 from tests.harness import Database, TestNames
 from tests.replication import drain, drain_snapshotting, partition, rows, run_flow
@@ -284,3 +285,26 @@ def _walsender_pid(db: Database, application_name: str) -> int | None:
         row = conn.execute("SELECT pid FROM pg_stat_replication WHERE application_name = %s",
                            [application_name]).fetchone()
     return int(str(row[0])) if row else None
+
+
+def test_nothing_up_to_the_replay_horizon_is_confirmed(orders: Database) -> None:
+    """A previous run may have published changes up to the sinks' replay horizon: the slot
+    stays before it until the source has passed it (connectors/nats/replay.py)."""
+    cfg = orders.config(create=False)
+    with orders.connect() as conn:
+        conn.execute("INSERT INTO orders VALUES (1, 'a', '')")
+        horizon = orders.current_lsn()
+        conn.execute("INSERT INTO orders VALUES (2, 'b', '')")
+    source = PostgresSource(cfg, ReplicationSettings(), confirm_after=horizon)
+    part = source.build_part("pg", cfg.slot.name, None)
+    try:
+        first = drain(part, lambda out: len(out) >= 1)
+        assert first[0].commit_lsn < horizon
+        state = part.snapshot()
+        part.next_batch()
+        assert state["lsn"] <= horizon
+        assert part._reader.confirmed < horizon  # held back
+        drain(part, lambda out: len(first) + len(out) >= 2)
+        drain(part, lambda out: part.snapshot()["lsn"] > horizon and part._reader.confirmed > horizon)
+    finally:
+        part.close()

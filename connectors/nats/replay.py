@@ -12,6 +12,12 @@ stream, all of this pipeline's messages after the first one older than the confi
 are the only candidates. Probing back from the tail finds such a message in a few requests;
 one forward read from there collects the candidates' ids. The unconfirmed tail is at most
 a few epochs long, so this stays small.
+
+Across restarts that order can break: a run skips the replayed changes it found in the
+stream, so its own messages for lower positions land *after* an earlier run's higher ones.
+The scan stays exact because the source does not confirm any position up to the highest
+one found (:func:`horizon`) until it has passed it: by then every earlier run's message
+lies below the confirmed LSN, and only this run's, in epoch order, lie above it.
 """
 
 from __future__ import annotations
@@ -75,6 +81,11 @@ async def already_published(
     finally:
         await sub.unsubscribe()
     return ids
+
+
+def horizon(ids: set[str], key_prefix: str) -> int:
+    """The highest commit LSN among ``ids``: the source confirms nothing up to it."""
+    return max((lsn for msg_id in ids if (lsn := position(msg_id, key_prefix)) is not None), default=0)
 
 
 async def _boundary(nc: Client, stream: str, first: int, last: int, key_prefix: str, since_lsn: int) -> int:

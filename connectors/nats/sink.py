@@ -24,7 +24,7 @@ from connectors.nats import runtime
 from connectors.nats.connection import connect
 from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher
-from connectors.nats.replay import already_published
+from connectors.nats.replay import already_published, horizon
 from connectors.nats.stream import ensure_stream
 
 log = logging.getLogger("walflow.nats")
@@ -104,10 +104,12 @@ class JetStreamSink(FixedPartitionedSink[NatsMessage, SinkState]):
         self.replay_from = replay_from
         self.key_prefix = key_prefix
 
-    def prepare(self) -> None:
+    def prepare(self) -> int:
         """Connect and check the stream now, at startup, rather than at the first message
-        (Bytewax builds sink partitions lazily): waits while NATS is unreachable."""
+        (Bytewax builds sink partitions lazily): waits while NATS is unreachable. Returns
+        the replay horizon: the source must not confirm a position up to it (replay.py)."""
         runtime.run(_connection(self.sink, self.database, self.escaped_database, self.replay_from, self.key_prefix))
+        return horizon(set(_published.get(self.sink.name, frozenset())), self.key_prefix)
 
     def list_parts(self) -> list[str]:
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]

@@ -41,9 +41,15 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
     """Hands the reader's changes to Bytewax, tracks the position, confirms it an epoch later."""
 
     def __init__(
-        self, reader: SlotReader, batch_size: int, epoch_budget: int, stop_at_lsn: int | None = None
+        self,
+        reader: SlotReader,
+        batch_size: int,
+        epoch_budget: int,
+        stop_at_lsn: int | None = None,
+        confirm_after: int = 0,
     ) -> None:
         self._reader = reader
+        self._confirm_after = confirm_after
         self._batch_size = batch_size
         self._epoch_budget = epoch_budget
         self._epoch_bytes = 0
@@ -82,7 +88,7 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
         if out:
             self._dirty, self._settled = True, False
-        elif self._settled and self._lsn > self._reader.confirmed:
+        elif self._settled and self._lsn > max(self._reader.confirmed, self._confirm_after):
             # Nothing is in flight: the position moved over WAL with nothing to publish
             # (keepalive walEnd), so it is safe at once, without waiting for an epoch.
             self._reader.confirm(self._lsn)
@@ -109,7 +115,8 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
     def _confirm_previous_epoch(self) -> None:
         """The previous epoch is complete downstream: its snapshot position is durable."""
         if self._unconfirmed is not None:
-            self._reader.confirm(self._unconfirmed)
+            if self._unconfirmed > self._confirm_after:  # past what a previous run may have published
+                self._reader.confirm(self._unconfirmed)
             self._unconfirmed = None
             self._settled = not self._dirty
 
@@ -128,9 +135,12 @@ class PostgresSource(FixedPartitionedSource[Change, SourceState]):
         *,
         epoch_budget_mb: int = 128,
         stop_at_lsn: int | None = None,
+        confirm_after: int = 0,
     ) -> None:
+        """``confirm_after``: confirm no position up to this LSN (the sinks' replay horizon)."""
         self.db = db
         self.settings = settings
+        self.confirm_after = confirm_after
         self.epoch_budget = epoch_budget_mb * 1024 * 1024
         self.stop_at_lsn = stop_at_lsn
 
@@ -140,6 +150,6 @@ class PostgresSource(FixedPartitionedSource[Change, SourceState]):
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
         resume = ResumePoint(**resume_state) if resume_state else ResumePoint()
         reader = SlotReader(self.db, self.settings, resume).start()
-        return SlotPartition(reader, self.settings.batch_size, self.epoch_budget, self.stop_at_lsn)
+        return SlotPartition(reader, self.settings.batch_size, self.epoch_budget, self.stop_at_lsn, self.confirm_after)
 
 
