@@ -145,9 +145,8 @@ def test_message_over_max_payload_stops_with_a_clear_error(nc: Client, dest: Nat
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc)
     too_big = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload + 1), "big")
-    runtime.run(publisher.publish([too_big]))
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
-        runtime.run(publisher.settle())
+        runtime.run(publisher.publish([too_big]))
 
 
 def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
@@ -163,3 +162,22 @@ def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: Te
     assert result and result[0].is_connected
     runtime.run(result[0].close())
 
+
+
+def test_a_reconnect_never_puts_a_later_change_ahead(
+    nc: Client, dest: NatsDestination, names: TestNames, nats_srv: Nats
+) -> None:
+    """A send that fails during an outage is settled before anything newer goes out."""
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc)
+    first, second = _messages(names.subject_prefix, 2)
+    nats_srv.stop()
+    wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
+    worker = threading.Thread(target=lambda: runtime.run(publisher.publish([first])))
+    worker.start()  # write_batch during the outage: waits, in order
+    nats_srv.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    runtime.run(publisher.publish([second]))
+    runtime.run(publisher.settle())
+    assert runtime.run(_stored(nc, names.stream)) == [(first.payload, first.msg_id), (second.payload, second.msg_id)]

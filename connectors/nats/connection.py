@@ -76,16 +76,23 @@ async def connect(dest: NatsDestination, name: str) -> Client:
 
     async def on_disconnect() -> None:
         warn("disconnect", "NATS disconnected (%s); reconnecting", name)
+        # nats-py would send what it still queued once it reconnects, ahead of walflow's own
+        # in-order re-sends of what was lost: drop it (those messages time out, are re-sent).
+        if client is not None:
+            client._pending = []
+            client._pending_data_size = 0
 
     async def on_reconnect() -> None:
         log.info("NATS reconnected (%s)", name)
 
+    client: Client | None = None
     delay = 0.5
     while True:
         try:
-            return await nats.connect(
+            client = await nats.connect(
                 **options, error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect
             )
+            return client
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             if isinstance(exc, nats.errors.AuthorizationError):
                 raise

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import MaxPayloadError
+from nats.errors import ConnectionClosedError, MaxPayloadError
 
 from connectors.nats.messages import NatsMessage
+from connectors.nats.stream import StreamSetupError
 
 log = logging.getLogger("walflow.nats")
 
@@ -87,6 +88,7 @@ class AckPublisher:
         self._waiting: dict[str, _InFlight] = {}
         self._inflight: deque[_InFlight] = deque()
         self._sub: Subscription | None = None
+        self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
         self.last_seq = 0  # the highest stream sequence acknowledged to this partition
 
     async def start(self) -> None:
@@ -97,10 +99,18 @@ class AckPublisher:
             await self._sub.unsubscribe()
 
     async def publish(self, messages: list[NatsMessage]) -> None:
-        """Send ``messages`` in order, keeping at most ``window`` unacknowledged."""
+        """Send ``messages`` in order, keeping at most ``window`` unacknowledged.
+
+        Nothing newer goes out while something older may need a re-send: after a failed send,
+        and whenever the connection is down or was re-established since the window's messages
+        went out, the window is settled first — or a row's later change could be stored ahead
+        of an earlier one that is re-sent.
+        """
         for message in messages:
             if message.msg_id in self._skip:
                 continue
+            if self._inflight and (not self._nc.is_connected or self._nc.stats["reconnects"] != self._generation):
+                await self.settle()
             while len(self._inflight) >= self._window:
                 head = self._inflight[0]
                 try:
@@ -109,12 +119,16 @@ class AckPublisher:
                     await self.settle()  # deal with the failure before anything newer goes out
                     continue
                 self.last_seq = max(self.last_seq, self._inflight.popleft().ack.result())
-            self._inflight.append(await self._send(message))
+            entry = await self._send(message)
+            self._inflight.append(entry)
+            if entry.ack.done():  # the send itself failed (disconnected): settle before the next one
+                await self.settle()
 
     async def settle(self) -> None:
         """Wait until every message sent so far is stored, re-sending failures in order."""
         delay = 0.1
         while self._inflight:
+            self._generation = self._nc.stats["reconnects"]
             batch = list(self._inflight)
             self._inflight.clear()
             done, _ = await asyncio.wait([f.ack for f in batch], timeout=self._ack_timeout)
@@ -143,8 +157,16 @@ class AckPublisher:
             log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+            while not self._nc.is_connected:  # re-send on a live connection, in order
+                await asyncio.sleep(delay)
             if no_stream and self._on_no_stream is not None:
-                await self._on_no_stream()
+                try:
+                    await self._on_no_stream()
+                except StreamSetupError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - NATS went away again: the next round retries
+                    log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
+            self._generation = self._nc.stats["reconnects"]
             for message in failed:
                 self._inflight.append(await self._send(message))
 
@@ -162,6 +184,9 @@ class AckPublisher:
             ack.set_exception(
                 PublishError(f"the message is larger than the server's max_payload ({len(message.payload)} bytes)", False)
             )
+        except ConnectionClosedError:
+            self._waiting.pop(token, None)
+            ack.set_exception(PublishError("the NATS connection was closed for good (see the errors above)", False))
         except Exception as exc:  # noqa: BLE001 - disconnected, draining, ...: re-sent by settle()
             self._waiting.pop(token, None)
             ack.set_exception(PublishError(f"{type(exc).__name__}: {exc}", True))

@@ -69,9 +69,12 @@ async def already_published(
     try:
         while True:
             try:
-                msg = await sub.next_msg(timeout=5)
+                msg = await sub.next_msg(timeout=30)
             except NatsTimeoutError:
-                break
+                # a partial set would let a replay publish twice: refuse to start instead
+                raise RuntimeError(
+                    f"could not read the tail of stream {stream} from sequence {start} within 30s"
+                ) from None
             msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
             lsn = position(msg_id, key_prefix)
             if lsn is not None and lsn >= since_lsn:

@@ -79,10 +79,15 @@ _FATAL_SQLSTATES = {
 
 _HOLDER_QUERY = """
 SELECT s.active_pid, r.application_name, coalesce(r.client_addr::text, 'local'),
-       extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start))
-FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+       extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start)), a.wait_event
+FROM pg_replication_slots s
+LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
 WHERE s.slot_name = %s
 """
+
+#: Wait events of a walsender that is idle or blocked on its client, not working.
+_WAITING_ON_CLIENT = frozenset({"WalSenderWaitForWAL", "WalSenderWriteData", "ClientWrite", "ClientRead"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +314,7 @@ class SlotReader:
                     lsn_to_str(self.slot_state.confirmed_flush_lsn),
                 )
                 self._start_position(self.slot_state.confirmed_flush_lsn)
-                self._loop(stream, resolver)
+                self._loop(stream, resolver, meta)
                 self._send_status(stream)  # a clean stop: the last confirmed position, then CopyDone
                 stream.end()
             finally:
@@ -322,10 +327,12 @@ class SlotReader:
         row = meta.execute(_HOLDER_QUERY, [self.db.slot.name]).fetchone()
         if row is None or row[0] is None:
             return StreamError("the slot was busy and has just been released", "55006", retry_after=0.1)
-        pid, app, client, silent = row
+        pid, app, client, silent, wait_event = row
         silent_s = float(silent) if silent is not None else 0.0
         stale_after = 3 * self.settings.status_interval_ms / 1000
-        if app == self.application_name and silent_s > stale_after:
+        # ours, silent, and idle or blocked on its client: a walsender busy replaying a large
+        # transaction also reads no replies, and must not be taken for a hung one (split brain)
+        if app == self.application_name and silent_s > stale_after and wait_event in _WAITING_ON_CLIENT:
             meta.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
             log.warning("slot %s was held by walflow's own walsender PID %s, silent for %.0fs: terminated it",
                         self.db.slot.name, pid, silent_s)
@@ -350,7 +357,20 @@ class SlotReader:
         if self.resume.commit_lsn is None:
             self._mark(server_confirmed)
 
-    def _loop(self, stream: ReplicationStream, resolver: TypeResolver) -> None:
+    def _walsender_busy(self, meta: psycopg.Connection[Any], pid: int) -> bool:
+        """Ask over the normal connection whether our walsender is alive and working (not
+        waiting on us or idle): then silence is a long replay, not a dead connection."""
+        try:
+            row = meta.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+        except psycopg.Error:
+            return False
+        if row is None or row[0] in _WAITING_ON_CLIENT:
+            return False
+        log.warning("slot %s: the walsender is busy (wait event %s) and silent; waiting for it",
+                    self.db.slot.name, row[0] or "none, on CPU")
+        return True
+
+    def _loop(self, stream: ReplicationStream, resolver: TypeResolver, meta: psycopg.Connection[Any]) -> None:
         interval = self.settings.status_interval_ms / 1000
         # Liveness is judged on *any* message, never on data: a long catch-up over WAL with
         # nothing to publish sends only keepalives. Silence past a status interval is met with
@@ -363,7 +383,9 @@ class SlotReader:
             now = time.monotonic()
             silent = now - self._last_heard
             if silent > dead_after:
-                raise StreamError(f"no message from the server for {silent:.0f}s despite pings: connection lost")
+                if not self._walsender_busy(meta, stream.backend_pid):
+                    raise StreamError(f"no message from the server for {silent:.0f}s despite pings: connection lost")
+                self._last_heard = now  # replaying a huge rewrite sends nothing, not even keepalives (PG15)
             self._watch_progress(now)
             # a new confirmed position goes out promptly, but at most every _CONFIRM_GAP
             if now >= next_status or (self._confirmed != self._confirm_sent and now - last_sent >= _CONFIRM_GAP):
