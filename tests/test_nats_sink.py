@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +14,8 @@ from config.schema import NatsDestination
 from connectors.nats import runtime
 from connectors.nats.connection import connect
 from connectors.nats.messages import NatsMessage
-from connectors.nats.publisher import AckPublisher, PermanentPublishError
+from connectors.nats.publisher import AckPublisher, PermanentPublishError, _InFlight
+from connectors.nats.replay import ids_since
 from connectors.nats.stream import StreamSetupError, ensure_stream, subject_covers
 from embedded import wait_for
 from tests.harness import Nats, TestNames
@@ -181,3 +184,28 @@ def test_a_reconnect_never_puts_a_later_change_ahead(
     runtime.run(publisher.publish([second]))
     runtime.run(publisher.settle())
     assert runtime.run(_stored(nc, names.stream)) == [(first.payload, first.msg_id), (second.payload, second.msg_id)]
+
+
+def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
+    nc: Client, dest: NatsDestination, names: TestNames
+) -> None:
+    """An ack lost, NATS away longer than the duplicate window: the message is in the stream,
+    JetStream would no longer recognise its id, so walflow checks before sending it again."""
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    subjects = f"{names.subject_prefix}.app.>"
+    publisher = AckPublisher(
+        nc, window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,
+        stored_since=lambda seq: ids_since(nc, names.stream, subjects, seq),
+    )
+    runtime.run(publisher.start())
+    stored_one, lost_one = _messages(names.subject_prefix, 2)
+    runtime.run(publisher.publish([stored_one]))
+    runtime.run(publisher.settle())
+
+    async def failed(message: NatsMessage) -> _InFlight:  # as settle() sees a message whose ack never came
+        ack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        return _InFlight(message, "x", ack, first_sent=time.monotonic() - 60, floor_seq=0)
+
+    entries = [runtime.run(failed(stored_one)), runtime.run(failed(lost_one))]
+    kept = runtime.run(publisher._drop_stored(entries))
+    assert [e.message.msg_id for e in kept] == [lost_one.msg_id]

@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class _InFlight:
     message: NatsMessage
     token: str
     ack: asyncio.Future[int]
+    #: When the message was first sent, and this partition's last acked sequence then:
+    #: a message stored but unacknowledged has a higher sequence than that.
+    first_sent: float
+    floor_seq: int
 
 
 class AckPublisher:
@@ -76,9 +81,15 @@ class AckPublisher:
         label: str,
         skip: frozenset[str] = frozenset(),
         on_no_stream: Callable[[], Awaitable[None]] | None = None,
+        stored_since: Callable[[int], Awaitable[set[str]]] | None = None,
+        duplicate_window: float = 120.0,
     ) -> None:
         self._nc = nc
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
+        # Re-sending a message first sent longer ago than the duplicate window: JetStream
+        # would store it twice if its ack was lost, so ask the stream what it holds first.
+        self._stored_since = stored_since
+        self._duplicate_window = duplicate_window
         self._skip = skip  # ids found already in the stream at startup (connectors/nats/replay.py)
         self._window = window
         self._ack_timeout = ack_timeout
@@ -119,7 +130,7 @@ class AckPublisher:
                     await self.settle()  # deal with the failure before anything newer goes out
                     continue
                 self.last_seq = max(self.last_seq, self._inflight.popleft().ack.result())
-            entry = await self._send(message)
+            entry = await self._send(message, time.monotonic(), self.last_seq)
             self._inflight.append(entry)
             if entry.ack.done():  # the send itself failed (disconnected): settle before the next one
                 await self.settle()
@@ -132,13 +143,13 @@ class AckPublisher:
             batch = list(self._inflight)
             self._inflight.clear()
             done, _ = await asyncio.wait([f.ack for f in batch], timeout=self._ack_timeout)
-            failed: list[NatsMessage] = []
+            failed: list[_InFlight] = []
             no_stream = False
             for entry in batch:
                 if entry.ack not in done:
                     self._waiting.pop(entry.token, None)
                     entry.ack.cancel()
-                    failed.append(entry.message)
+                    failed.append(entry)
                     reason = f"no acknowledgement within {self._ack_timeout:.0f}s"
                     continue
                 error = entry.ack.exception()
@@ -149,7 +160,7 @@ class AckPublisher:
                     raise PermanentPublishError(
                         f"JetStream refused {entry.message.subject} (Nats-Msg-Id {entry.message.msg_id}): {error}"
                     )
-                failed.append(entry.message)
+                failed.append(entry)
                 reason = str(error)
                 no_stream = no_stream or isinstance(error, NoStreamError)
             if not failed:
@@ -166,14 +177,28 @@ class AckPublisher:
                     raise
                 except Exception as exc:  # noqa: BLE001 - NATS went away again: the next round retries
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
+            failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            for message in failed:
-                self._inflight.append(await self._send(message))
+            for old in failed:
+                self._inflight.append(await self._send(old.message, old.first_sent, old.floor_seq))
 
-    async def _send(self, message: NatsMessage) -> _InFlight:
+    async def _drop_stored(self, failed: list[_InFlight]) -> list[_InFlight]:
+        """Leave out failed messages that JetStream stored after all, when its duplicate
+        window may no longer recognise them."""
+        stale = time.monotonic() - 0.8 * self._duplicate_window
+        if self._stored_since is None or not any(entry.first_sent < stale for entry in failed):
+            return failed
+        stored = await self._stored_since(min(entry.floor_seq for entry in failed) + 1)
+        kept = [entry for entry in failed if entry.message.msg_id not in stored]
+        if len(kept) < len(failed):
+            log.info("%s: %d message(s) were stored after all; not sending them again",
+                     self._label, len(failed) - len(kept))
+        return kept
+
+    async def _send(self, message: NatsMessage, first_sent: float, floor_seq: int) -> _InFlight:
         token = str(next(self._tokens))
         ack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        entry = _InFlight(message, token, ack)
+        entry = _InFlight(message, token, ack, first_sent, floor_seq)
         self._waiting[token] = entry
         try:
             await self._nc.publish(

@@ -59,31 +59,41 @@ async def already_published(
     if info.state.messages == 0 or since_lsn == 0:
         return set()
     start = await _boundary(nc, stream, first, last, key_prefix, since_lsn)
+    return {
+        msg_id for msg_id in await ids_since(nc, stream, subjects, start)
+        if (lsn := position(msg_id, key_prefix)) is not None and lsn >= since_lsn
+    }
+
+
+async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[str]:
+    """The ``Nats-Msg-Id`` of every message in ``stream`` on ``subjects`` from sequence ``start`` on."""
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    if info.state.messages == 0 or start > info.state.last_seq:
+        return set()
     ids: set[str] = set()
     sub = await js.subscribe(
         subjects,
         stream=stream,
         ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start),
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1)),
     )
     try:
+        if (await sub.consumer_info()).num_pending == 0:
+            return ids  # nothing of ours from there on
         while True:
             try:
                 msg = await sub.next_msg(timeout=30)
             except NatsTimeoutError:
-                # a partial set would let a replay publish twice: refuse to start instead
+                # a partial set would let a replay publish twice: refuse instead
                 raise RuntimeError(
                     f"could not read the tail of stream {stream} from sequence {start} within 30s"
                 ) from None
-            msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
-            lsn = position(msg_id, key_prefix)
-            if lsn is not None and lsn >= since_lsn:
-                ids.add(msg_id)
+            ids.add((msg.headers or {}).get("Nats-Msg-Id", ""))
             if msg.metadata.num_pending == 0:
-                break
+                return ids
     finally:
         await sub.unsubscribe()
-    return ids
 
 
 def horizon(ids: set[str], key_prefix: str) -> int:

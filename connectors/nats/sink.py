@@ -24,7 +24,7 @@ from connectors.nats import runtime
 from connectors.nats.connection import connect
 from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher
-from connectors.nats.replay import already_published, horizon
+from connectors.nats.replay import already_published, horizon, ids_since
 from connectors.nats.stream import ensure_stream
 
 log = logging.getLogger("walflow.nats")
@@ -124,6 +124,9 @@ class JetStreamSink(FixedPartitionedSink[NatsMessage, SinkState]):
             label=for_part,
             skip=_published.get(self.sink.name, frozenset()),
             on_no_stream=lambda: ensure_stream(nc, dest, self.database, self.escaped_database),
+            stored_since=lambda seq: ids_since(nc, dest.stream.name, f"{dest.subject_prefix}.{self.escaped_database}.>",
+                                               seq),
+            duplicate_window=dest.stream.duplicate_window_ms / 1000,
         )
         runtime.run(publisher.start())
         if resume_state:
