@@ -68,8 +68,11 @@ async def already_published(
 async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[str]:
     """The ``Nats-Msg-Id`` of every message in ``stream`` on ``subjects`` from sequence ``start`` on."""
     js = nc.jetstream()
-    info = await js.stream_info(stream)
-    if info.state.messages == 0 or start > info.state.last_seq:
+    try:
+        last = (await js.get_last_msg(stream, subjects)).seq  # the last message on our subjects
+    except NotFoundError:
+        return set()
+    if last is None or last < start:
         return set()
     ids: set[str] = set()
     sub = await js.subscribe(
@@ -79,8 +82,6 @@ async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[s
         config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1)),
     )
     try:
-        if (await sub.consumer_info()).num_pending == 0:
-            return ids  # nothing of ours from there on
         while True:
             try:
                 msg = await sub.next_msg(timeout=30)
@@ -90,7 +91,7 @@ async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[s
                     f"could not read the tail of stream {stream} from sequence {start} within 30s"
                 ) from None
             ids.add((msg.headers or {}).get("Nats-Msg-Id", ""))
-            if msg.metadata.num_pending == 0:
+            if msg.metadata.sequence.stream >= last:
                 return ids
     finally:
         await sub.unsubscribe()
