@@ -186,6 +186,22 @@ class Database:
         ).fetchone()
 
 
+def slot_confirmed(db: Database) -> int:
+    """The test slot's confirmed_flush_lsn (0 while it does not exist)."""
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
+        ).fetchone()
+    return str_to_lsn(str(row[0])) if row and row[0] else 0
+
+
+def slot_active(db: Database) -> bool:
+    """True while a walsender holds the test slot."""
+    with db.connect() as conn:
+        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]).fetchone()
+    return bool(row and row[0])
+
+
 def delete_stream(url: str, stream: str) -> None:
     """Remove a test's stream if it exists."""
 

@@ -9,8 +9,10 @@ import nats
 
 from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline, stored
-from tests.test_guarantees import _alive, _confirmed, _setup, _slot_active
+from tests.test_guarantees import _alive, _setup
 
 
 def test_a_stream_deleted_while_running_is_created_again(

@@ -28,10 +28,10 @@ import psycopg
 import pytest
 
 from config.schema import ReplicationSettings
-from connectors.postgres.protocol import str_to_lsn
 from embedded import wait_for
 from embedded._process import ServerProcess, free_port
 from tests.harness import Database, Nats, TestNames
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import Stored, pipeline, stored
 from tests.replication import drain_snapshotting, partition
 from tests.test_end_to_end import write_config
@@ -87,12 +87,6 @@ class Writer(threading.Thread):
             conn.execute(f"DELETE FROM {table} WHERE id = %s", [rows.pop(rng.randrange(len(rows)))])
 
 
-def _confirmed(db: Database) -> int:
-    with db.connect() as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
-        ).fetchone()
-    return str_to_lsn(str(row[0])) if row and row[0] else 0
 
 
 @contextmanager

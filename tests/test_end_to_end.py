@@ -12,10 +12,11 @@ import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
-from connectors.postgres.protocol import str_to_lsn
 from embedded import wait_for
 from embedded._process import ServerProcess
 from tests.harness import Database, Nats, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline, stored
 
 
@@ -51,20 +52,8 @@ def write_config(
     return target
 
 
-def _slot_active(db: Database) -> bool:
-    with db.connect() as conn:
-        row = conn.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
-        ).fetchone()
-    return bool(row and row[0])
 
 
-def _confirmed(db: Database) -> int:
-    with db.connect() as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
-        ).fetchone()
-    return str_to_lsn(str(row[0])) if row and row[0] else 0
 
 
 def _alive(proc: ServerProcess) -> None:

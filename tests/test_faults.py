@@ -16,8 +16,10 @@ import pytest
 from embedded import PostgresServer, wait_for
 from embedded.postgres import find_bindir
 from tests.harness import Database, Nats, Postgres, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline, stored
-from tests.test_guarantees import Inserter, _alive, _confirmed, _setup, _slot_active
+from tests.test_guarantees import Inserter, _alive, _setup
 
 
 def _walsender(db: Database) -> tuple[int, str] | None:

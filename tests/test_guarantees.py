@@ -16,10 +16,11 @@ from typing import Any
 import nats
 import psycopg
 
-from connectors.postgres.protocol import str_to_lsn
 from embedded import wait_for
 from embedded._process import ServerProcess
 from tests.harness import Database, Nats, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline, stored
 from tests.test_end_to_end import write_config
 
@@ -27,18 +28,8 @@ OUTAGE = float(os.environ.get("WALFLOW_OUTAGE_SECONDS", "15"))
 IDLE = float(os.environ.get("WALFLOW_IDLE_SECONDS", "15"))
 
 
-def _confirmed(db: Database) -> int:
-    with db.connect() as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
-        ).fetchone()
-    return str_to_lsn(str(row[0])) if row and row[0] else 0
 
 
-def _slot_active(db: Database) -> bool:
-    with db.connect() as conn:
-        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]).fetchone()
-    return bool(row and row[0])
 
 
 def _last_seq(url: str, stream: str) -> int:

@@ -13,9 +13,11 @@ import pytest
 from embedded import PostgresServer, wait_for
 from embedded._process import free_port
 from tests.harness import Database, Nats, Postgres, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline
 from tests.test_end_to_end import write_config
-from tests.test_guarantees import _alive, _confirmed, _slot_active
+from tests.test_guarantees import _alive
 
 
 def _ready(port: int) -> tuple[int, dict[str, Any]]:

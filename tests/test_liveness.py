@@ -17,11 +17,13 @@ import pytest
 from connectors.postgres.slot import ReplicationSetupError
 from embedded import PostgresServer, wait_for
 from tests.harness import Database, Nats, TestNames
+from tests.harness import slot_active as _slot_active
+from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import pipeline, stored
 from tests.replication import drain, partition
 from tests.test_end_to_end import write_config
 from tests.test_faults import _walsender
-from tests.test_guarantees import OUTAGE, Inserter, _alive, _confirmed, _setup, _slot_active
+from tests.test_guarantees import OUTAGE, Inserter, _alive, _setup
 
 CATCHUP_MB = int(os.environ.get("WALFLOW_CATCHUP_MB", "300"))
 

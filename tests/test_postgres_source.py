@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from config.schema import ReplicationSettings
-from connectors.postgres.protocol import str_to_lsn
 from connectors.postgres.reader import ResumePoint
 from connectors.postgres.source import PostgresSource
 from embedded import wait_for
 from tests.harness import Database, TestNames
+from tests.harness import slot_confirmed as _slot_confirmed
 from tests.replication import drain, drain_snapshotting, partition, rows, run_flow
 
 
@@ -34,13 +34,6 @@ def _walsenders(db: Database, application_name: str) -> int:
     return int(str(row[0])) if row else 0
 
 
-def _slot_confirmed(db: Database) -> int:
-    with db.connect() as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [db.names.slot]
-        ).fetchone()
-    assert row is not None
-    return str_to_lsn(str(row[0]))
 
 
 def test_flow_delivers_changes_in_commit_order_with_positions(orders: Database) -> None:
