@@ -89,6 +89,19 @@ def _workload(conn: psycopg.Connection[Any]) -> None:
     conn.execute("INSERT INTO customers VALUES (2, 'Grace', NULL)")  # the last one: everything before it is in
 
 
+def _run_workload(config: Path, shop: Database) -> None:
+    """Run the pipeline, commit the workload, and return once all of it is in JetStream:
+    the slot moves only past what JetStream acknowledged."""
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot",
+                 check=lambda: _alive(proc))
+        with shop.connect() as conn:
+            _workload(conn)
+        end = shop.current_lsn()
+        wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the workload",
+                 check=lambda: _alive(proc))
+
+
 def test_the_stream_holds_exactly_the_contracts_messages(
     shop: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -98,16 +111,8 @@ def test_the_stream_holds_exactly_the_contracts_messages(
         "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}},
     }
     config = write_config(tmp_path, shop, nats_srv, names, [sink])
-    with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot")
-        with shop.connect() as conn:
-            _workload(conn)
-        end = shop.current_lsn()
-        # the slot moves only past what JetStream acknowledged: once it passed the workload, all of it is stored
-        wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: _alive(proc))
-        events = stored(nats_srv.url, names.stream)
-        assert proc.running
+    _run_workload(config, shop)
+    events = stored(nats_srv.url, names.stream)
     p = names.subject_prefix
     by_commit = sorted(events, key=lambda e: (e.event["metadata"]["commit_lsn"], e.event["metadata"]["commit_idx"]))
     assert [(e.subject, e.event["record"], e.event["changes"]) for e in by_commit] == [
@@ -154,13 +159,7 @@ def test_two_sinks_each_get_their_own_messages(
         {"name": "switched-off", "status": "disabled", "destination": {"subject_prefix": a, "stream": stream}},
     ]
     config = write_config(tmp_path, shop, nats_srv, names, sinks)
-    with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot")
-        with shop.connect() as conn:
-            _workload(conn)
-        end = shop.current_lsn()
-        wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: _alive(proc))
+    _run_workload(config, shop)
     events = stored(nats_srv.url, names.stream)
     got = sorted((e.subject.split(".", 1)[0], e.subject.split(".", 2)[2]) for e in events)
     assert got == sorted([
