@@ -159,16 +159,17 @@ def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Databas
         assert state["commit_lsn"] is None and state["lsn"] > first[0].commit_lsn
         assert reader.confirmed < first[0].commit_lsn  # snapshot() alone confirms nothing new
         part.next_batch()  # the next epoch's call: the snapshot's position is now confirmed
-        assert reader.confirmed == state["lsn"]
-        wait_for(lambda: _slot_confirmed(orders) == state["lsn"], timeout=10, what="status update")
+        assert reader.confirmed >= state["lsn"]  # (or later: other databases' WAL moves walEnd)
+        wait_for(lambda: _slot_confirmed(orders) >= state["lsn"], timeout=10, what="status update")
         with orders.connect() as conn, conn.transaction():
             for i in range(2, 102):
                 conn.execute("INSERT INTO orders VALUES (%s, 'b', '')", [i])
         got = drain(part, lambda out: len(out) >= 10)  # part of the big transaction
         inside = part.snapshot()
-        assert inside["commit_lsn"] == got[-1].commit_lsn and inside["lsn"] == state["lsn"]
+        assert inside["commit_lsn"] == got[-1].commit_lsn and inside["lsn"] < inside["commit_lsn"]
         got += part.next_batch()
-        assert reader.confirmed == state["lsn"]  # the epoch ended inside a transaction: not confirmed
+        # the epoch ended inside a transaction: nothing inside it is confirmed
+        assert reader.confirmed <= inside["lsn"] < got[-1].commit_lsn
         got += drain(part, lambda out: len(got) + len(out) >= 100)
         assert [c.new["id"] for c in got if c.new] == list(range(2, 102))
         with orders.connect() as conn:
