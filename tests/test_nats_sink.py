@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from nats.aio.client import Client
 
 from config.schema import NatsDestination
 from connectors.nats import runtime
-from connectors.nats.connection import connect
+from connectors.nats.connection import WalflowClient, connect
 from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher, PermanentPublishError, _InFlight
 from connectors.nats.replay import ids_since
@@ -41,7 +39,7 @@ def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestinati
 
 
 @pytest.fixture
-def nc(dest: NatsDestination) -> Iterator[Client]:
+def nc(dest: NatsDestination) -> Iterator[WalflowClient]:
     client = runtime.run(connect(dest, name="walflow-test"))
     try:
         yield client
@@ -53,7 +51,7 @@ def _messages(prefix: str, n: int, start: int = 0) -> list[NatsMessage]:
     return [NatsMessage(f"{prefix}.app.public.t.insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
 
 
-async def _stored(nc: Client, stream: str) -> list[tuple[bytes, str]]:
+async def _stored(nc: WalflowClient, stream: str) -> list[tuple[bytes, str]]:
     js = nc.jetstream()
     info = await js.stream_info(stream)
     out = []
@@ -73,7 +71,7 @@ def test_subject_coverage() -> None:
     assert not subject_covers("sequin.>", "walflow.app.>")
 
 
-def test_missing_stream_is_created_from_the_config(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+def test_missing_stream_is_created_from_the_config(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     info = runtime.run(nc.jetstream().stream_info(names.stream))
     assert info.config.subjects == [f"{names.subject_prefix}.>"]
@@ -81,7 +79,7 @@ def test_missing_stream_is_created_from_the_config(nc: Client, dest: NatsDestina
     runtime.run(ensure_stream(nc, dest, "app", "app"))  # present and fine: no error, no change
 
 
-def test_stream_with_other_subjects_is_a_clear_error(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+def test_stream_with_other_subjects_is_a_clear_error(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.other.>"]))
     with pytest.raises(StreamSetupError) as info:
         runtime.run(ensure_stream(nc, dest, "app", "app"))
@@ -91,19 +89,19 @@ def test_stream_with_other_subjects_is_a_clear_error(nc: Client, dest: NatsDesti
     )
 
 
-def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: TestNames, nc: Client) -> None:
+def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: TestNames, nc: WalflowClient) -> None:
     dest = _dest(nats_srv, names, create_if_not_exists=False)
     with pytest.raises(StreamSetupError, match=f"JetStream stream '{names.stream}' does not exist"):
         runtime.run(ensure_stream(nc, dest, "app", "app"))
 
 
-def _publisher(nc: Client, window: int = 64) -> AckPublisher:
+def _publisher(nc: WalflowClient, window: int = 64) -> AckPublisher:
     publisher = AckPublisher(nc, window=window, ack_timeout=2.0, label="test")
     runtime.run(publisher.start())
     return publisher
 
 
-def test_many_in_flight_all_stored_in_order_once(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+def test_many_in_flight_all_stored_in_order_once(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc)
     messages = _messages(names.subject_prefix, 3000)
@@ -118,7 +116,7 @@ def test_many_in_flight_all_stored_in_order_once(nc: Client, dest: NatsDestinati
 
 
 def test_outage_blocks_then_everything_lands_in_order(
-    nc: Client, dest: NatsDestination, names: TestNames, nats_srv: Nats
+    nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc, window=50)
@@ -144,7 +142,7 @@ def test_outage_blocks_then_everything_lands_in_order(
     assert stored == [(m.payload, m.msg_id) for m in messages]
 
 
-def test_message_over_max_payload_stops_with_a_clear_error(nc: Client, dest: NatsDestination, names: TestNames) -> None:
+def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc)
     too_big = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload + 1), "big")
@@ -155,7 +153,7 @@ def test_message_over_max_payload_stops_with_a_clear_error(nc: Client, dest: Nat
 def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
     dest = _dest(nats_srv, names)
     nats_srv.stop()
-    result: list[Client] = []
+    result: list[WalflowClient] = []
     worker = threading.Thread(target=lambda: result.append(runtime.run(connect(dest, name="late"))))
     worker.start()
     worker.join(2.0)
@@ -168,7 +166,7 @@ def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: Te
 
 
 def test_a_reconnect_never_puts_a_later_change_ahead(
-    nc: Client, dest: NatsDestination, names: TestNames, nats_srv: Nats
+    nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
     """A send that fails during an outage is settled before anything newer goes out."""
     runtime.run(ensure_stream(nc, dest, "app", "app"))
@@ -187,7 +185,7 @@ def test_a_reconnect_never_puts_a_later_change_ahead(
 
 
 def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
-    nc: Client, dest: NatsDestination, names: TestNames
+    nc: WalflowClient, dest: NatsDestination, names: TestNames
 ) -> None:
     """An ack lost, NATS away longer than the duplicate window: the message is in the stream,
     JetStream would no longer recognise its id, so walflow checks before sending it again."""
@@ -202,10 +200,7 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
     runtime.run(publisher.publish([stored_one]))
     runtime.run(publisher.settle())
 
-    async def failed(message: NatsMessage) -> _InFlight:  # as settle() sees a message whose ack never came
-        ack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        return _InFlight(message, "x", ack, first_sent=time.monotonic() - 60, floor_seq=0)
-
-    entries = [runtime.run(failed(stored_one)), runtime.run(failed(lost_one))]
+    # as settle() sees messages whose acks never came
+    entries = [_InFlight(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
     kept = runtime.run(publisher._drop_stored(entries))
     assert [e.message.msg_id for e in kept] == [lost_one.msg_id]

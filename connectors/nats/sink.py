@@ -17,11 +17,10 @@ import logging
 from typing import TypedDict
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
-from nats.aio.client import Client
 
 from config.schema import SinkConfig
 from connectors.nats import runtime
-from connectors.nats.connection import connect
+from connectors.nats.connection import WalflowClient, connect
 from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.replay import already_published, horizon, ids_since
@@ -29,7 +28,7 @@ from connectors.nats.stream import ensure_stream
 
 log = logging.getLogger("walflow.nats")
 
-_connections: dict[str, Client] = {}
+_connections: dict[str, WalflowClient] = {}
 _published: dict[str, frozenset[str]] = {}
 _lock: asyncio.Lock | None = None
 
@@ -42,7 +41,7 @@ class SinkState(TypedDict):
 
 async def _connection(
     sink: SinkConfig, database: str, escaped_database: str, replay_from: int, key_prefix: str
-) -> Client:
+) -> WalflowClient:
     """This process's connection for ``sink``, with the stream checked and its tail read once."""
     global _lock
     if _lock is None:
