@@ -137,28 +137,22 @@ class AckPublisher:
         went out, the window is settled first — or a row's later change could be stored ahead
         of an earlier one that is re-sent.
         """
-        now = time.monotonic()
-        block: list[bytes] = []
-        for message in messages:
-            if message.msg_id in self._skip:
-                continue
+        if self._skip:
+            messages = [message for message in messages if message.msg_id not in self._skip]
+        now, sent = time.monotonic(), 0
+        while sent < len(messages):
             if self._inflight and (
                 self._failed or not self._nc.is_connected or self._nc.stats["reconnects"] != self._generation
             ):
-                await self._write(block)
                 await self.settle()
-            if len(self._inflight) >= self._window:
-                await self._write(block)
+            room = self._window - len(self._inflight)
+            if room <= 0:
                 await self._make_room()
-            entry = _InFlight(message, now, self.last_seq)
-            self._inflight.append(entry)
-            command = self._command(entry)
-            if command is None:  # could not be sent at all: settle before anything newer
-                await self._write(block)
+                continue
+            chunk = [_InFlight(message, now, self.last_seq) for message in messages[sent : sent + room]]
+            sent += len(chunk)
+            if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
-            else:
-                block.append(command)
-        await self._write(block)
 
     async def settle(self) -> None:
         """Wait until every message sent so far is stored, re-sending failures in order."""
@@ -207,14 +201,7 @@ class AckPublisher:
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            block: list[bytes] = []
-            for old in failed:
-                entry = _InFlight(old.message, old.first_sent, old.floor_seq)
-                self._inflight.append(entry)
-                command = self._command(entry)
-                if command is not None:
-                    block.append(command)
-            await self._write(block)
+            await self._send([_InFlight(old.message, old.first_sent, old.floor_seq) for old in failed])
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
@@ -244,30 +231,40 @@ class AckPublisher:
             self._wake = None
         return True
 
-    def _command(self, entry: _InFlight) -> bytes | None:
-        """The wire command for ``entry``, registered for its ack; None (and ``entry.error``
-        set) if it cannot be sent now."""
-        nc = self._nc
-        message = entry.message
-        if nc.is_closed:
-            entry.error = PublishError("the NATS connection was closed for good (see the errors above)", False)
-        elif len(message.payload) > nc.max_payload:
-            entry.error = PublishError(
-                f"the message is larger than the server's max_payload ({len(message.payload)} bytes)", False
-            )
-        elif not nc.is_connected:
-            entry.error = PublishError("NATS is disconnected", True)
-        if entry.error is not None:
-            return None
-        self._token += 1
-        self._waiting[self._token] = entry
-        return hpub(message.subject.encode(), b"%s%d" % (self._reply_prefix, self._token),
-                    message.msg_id.encode(), message.payload)
+    async def _send(self, entries: list[_InFlight]) -> bool:
+        """Put ``entries`` in the window and write them to the socket as one block of commands.
 
-    async def _write(self, block: list[bytes]) -> None:
-        if block:
-            await self._nc.send_raw(b"".join(block))
-            block.clear()
+        Returns False if not all of them went out (their ``error`` says why; nothing after a
+        message that cannot be sent at all is sent): :meth:`settle` must run before anything
+        newer, and re-sends the retryable ones in order."""
+        self._inflight.extend(entries)
+        nc = self._nc
+        if not nc.is_connected:
+            reason = "the NATS connection was closed for good (see the errors above)" if nc.is_closed else None
+            for entry in entries:
+                entry.error = PublishError(reason or "NATS is disconnected", reason is None)
+            return not entries
+        max_payload, prefix, waiting = nc.max_payload, self._reply_prefix, self._waiting
+        token = self._token
+        commands: list[bytes] = []
+        for entry in entries:
+            message = entry.message
+            if len(message.payload) > max_payload:
+                entry.error = PublishError(
+                    f"the message is larger than the server's max_payload ({len(message.payload)} bytes)", False
+                )
+                break
+            token += 1
+            waiting[token] = entry
+            commands.append(
+                hpub(message.subject.encode(), b"%s%d" % (prefix, token), message.msg_id.encode(), message.payload)
+            )
+        self._token = token
+        if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
+            for entry in entries[: len(commands)]:
+                entry.error = PublishError("NATS is disconnected", True)
+            return False
+        return len(commands) == len(entries)
 
     async def _drop_stored(self, failed: list[_InFlight]) -> list[_InFlight]:
         """Leave out failed messages that JetStream stored after all, when its duplicate
