@@ -14,11 +14,13 @@ usage() {
     cat >&2 <<'EOF'
 usage: ./run.sh COMMAND [ARGS...]
 
-  setup                       create .venv/ (CPython 3.11 or 3.12) and install walflow with its test extras
+  setup                       create .venv/ (CPython 3.11 or 3.12) and install walflow with its test and bench extras
   test [PYTEST ARGS...]       setup if needed, then the whole test suite (starts its own PostgreSQL and NATS)
   run [CONFIG] [BYTEWAX ARGS] python -m bytewax.run dataflows.cdc with WALFLOW_CONFIG=CONFIG
                               (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax
   demo [--seconds N]          throwaway PostgreSQL + NATS, a demo schema, events printed live (Ctrl-C stops)
+  bench [--quick] [OPTIONS]   throughput, CPU, memory, slot lag and latency against its own PostgreSQL + NATS;
+                              writes bench/results/<date>.{json,md,png} (--help lists the sizes)
 EOF
 }
 
@@ -85,7 +87,7 @@ setup() {
     [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV" || die "could not create $VENV (is the venv module installed?)"
     local log="$VENV/setup.log"
     if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip \
-           && "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".[test]"; } >"$log" 2>&1; then
+           && "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".[test,bench]"; } >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         die "could not install walflow and its dependencies into $VENV (full log: $log)"
     fi
@@ -124,6 +126,11 @@ case "$cmd" in
         setup
         ensure_postgres
         exec "$VENV/bin/python" -m demo "$@"
+        ;;
+    bench)
+        setup
+        ensure_postgres
+        exec "$VENV/bin/python" -m bench "$@"
         ;;
     -h | --help | help)
         usage

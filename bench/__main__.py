@@ -1,0 +1,67 @@
+"""``./run.sh bench [--quick] [options]``: see ``bench/__init__.py`` and ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from bench.runner import FULL, QUICK, Options, run
+from bench.walflow import DEPLOYMENTS
+
+WORKLOADS = ("mixed", "bulk", "wide", "latency")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="./run.sh bench",
+        description="walflow's benchmark (issue 7): starts its own PostgreSQL and NATS, writes "
+        "bench/results/<date>[-quick].{json,md,png} and prints the markdown table.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run in under a minute")
+    sizes = parser.add_argument_group("sizes (default: full mode's; --quick changes those not given)")
+    sizes.add_argument("--rows", type=int, help=f"(a) mixed ~100 B changes [full {FULL.rows:,}, quick {QUICK.rows:,}]")
+    sizes.add_argument("--wide-rows", type=int,
+                       help=f"(c) mixed ~1.6 KB changes [full {FULL.wide_rows:,}, quick {QUICK.wide_rows:,}]")
+    sizes.add_argument("--bulk-rows", type=int,
+                       help=f"(b) rows in the bulk insert transaction (then 10%% updated, 10%% deleted) "
+                       f"[full {FULL.bulk_rows:,}, quick {QUICK.bulk_rows:,}]")
+    sizes.add_argument("--clients", type=int, help=f"concurrent writer sessions [{FULL.clients}]")
+    sizes.add_argument("--pad", type=int, help=f"string_field length for ~100 B rows [{FULL.pad}]")
+    sizes.add_argument("--wide-pad", type=int, help=f"string_field length for ~1.6 KB rows [{FULL.wide_pad}]")
+    sizes.add_argument("--rates", help=f"offered rates for latency, comma-separated [{FULL.rates}]")
+    sizes.add_argument("--latency-seconds", type=float,
+                       help=f"seconds per latency phase [full {FULL.latency_seconds}, quick {QUICK.latency_seconds}]")
+    sizes.add_argument("--sink-messages", type=int,
+                       help=f"at most this many messages replayed per sink ceiling [{FULL.sink_messages:,}]")
+    sizes.add_argument("--window", type=int, help=f"in-flight window of both sink-ceiling publishers [{FULL.window}]")
+    parser.add_argument("--deployments", help=f"walflow deployments for (a), of {','.join(DEPLOYMENTS)} "
+                        f"[{FULL.deployments}]")
+    parser.add_argument("--other-deployments", help=f"walflow deployments for (b) and (c) [{FULL.other_deployments}]")
+    parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [all]")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+                        help="results directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    base = QUICK if args.quick else FULL
+    overrides = {f.name: getattr(args, f.name) for f in fields(Options) if getattr(args, f.name, None) is not None}
+    if args.only:
+        unknown = set(args.only.split(",")) - set(WORKLOADS)
+        if unknown:
+            print(f"bench: --only: unknown part(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+    options = base.with_(**overrides)
+    for value in (options.deployments + "," + options.other_deployments).split(","):
+        if value and value not in DEPLOYMENTS:
+            print(f"bench: unknown deployment '{value}'; choose from {', '.join(DEPLOYMENTS)}", file=sys.stderr)
+            return 2
+    return run(options, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""A synchronous handle on JetStream for the benchmark's own bookkeeping.
+
+The benchmark is a sequence of blocking steps (start a process, poll, stop it); nats-py is
+asyncio. One private event loop and one connection serve every step, instead of a new
+connection per poll: polling every 50 ms must not itself be a load worth measuring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+T = TypeVar("T")
+
+#: Reply subject of a JetStream delivery: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
+#: <consumer seq>.<timestamp ns>.<pending>`` (v1), or v2 with domain and account hash in front
+#: and a random token behind. nats-py turns the timestamp into a float datetime (µs at best);
+#: latencies want it exact, so it is read from the subject.
+_V1_TOKENS = 9
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message as JetStream stored it: what was published, its sequence and storage time."""
+
+    seq: int
+    time_ns: int
+    subject: str
+    data: bytes
+    msg_id: str
+
+
+def _stored(msg: Msg) -> StoredMessage:
+    tokens = msg.reply.split(".")
+    seq, stamp = (tokens[5], tokens[7]) if len(tokens) == _V1_TOKENS else (tokens[7], tokens[9])
+    msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+    return StoredMessage(int(seq), int(stamp), msg.subject, msg.data, msg_id)
+
+
+class JetStream:
+    """One NATS connection on a private event loop; every method blocks until done."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._loop = asyncio.new_event_loop()
+        self.nc = self.run(nats.connect(url, connect_timeout=5, max_reconnect_attempts=0))
+        self.js = self.nc.jetstream()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on this handle's loop (where ``nc`` lives)."""
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.run(self.nc.close())
+        self._loop.close()
+
+    @property
+    def server_version(self) -> str:
+        v = self.nc.connected_server_version
+        return f"{v.major}.{v.minor}.{v.patch}"
+
+    def count(self, stream: str) -> int:
+        """Messages in ``stream``; 0 while it does not exist (walflow creates it at startup)."""
+        try:
+            info = self.run(self.js.stream_info(stream))
+        except NotFoundError:
+            return 0
+        return int(info.state.messages)
+
+    def add_stream(self, name: str, subjects: list[str]) -> None:
+        """A stream as walflow creates one by default (file storage, 2 min duplicate window)."""
+        self.run(
+            self.js.add_stream(
+                StreamConfig(
+                    name=name,
+                    subjects=subjects,
+                    storage=StorageType.FILE,
+                    duplicate_window=120.0,
+                    discard=DiscardPolicy.OLD,
+                )
+            )
+        )
+
+    def delete_stream(self, name: str) -> None:
+        try:
+            self.run(self.js.delete_stream(name))
+        except NotFoundError:
+            pass
+
+    def first_last_time(self, stream: str) -> tuple[datetime, datetime]:
+        """Storage times of the stream's first and last message: JetStream stamps messages
+        in sequence order, so these bound everything in between."""
+        info = self.run(self.js.stream_info(stream))
+        first = self.run(self.js.get_msg(stream, info.state.first_seq))
+        last = self.run(self.js.get_msg(stream, info.state.last_seq))
+        assert first.time is not None and last.time is not None
+        return first.time, last.time
+
+    def read(self, stream: str, limit: int | None = None, batch: int = 2000) -> list[StoredMessage]:
+        """The stream's messages in order (the first ``limit``), through one ephemeral pull
+        consumer fetched in batches: one request per batch, not one per message."""
+        return self.run(self._read(stream, limit, batch))
+
+    async def _read(self, stream: str, limit: int | None, batch: int) -> list[StoredMessage]:
+        info = await self.js.stream_info(stream)
+        want = int(info.state.messages) if limit is None else min(limit, int(info.state.messages))
+        out: list[StoredMessage] = []
+        if want == 0:
+            return out
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0
+        )
+        sub = await self.js.pull_subscribe(">", stream=stream, config=config)
+        try:
+            while len(out) < want:
+                messages = await sub.fetch(min(batch, want - len(out)), timeout=10)
+                out.extend(_stored(msg) for msg in messages)
+        finally:
+            await sub.unsubscribe()
+        return out[:want]

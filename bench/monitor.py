@@ -1,0 +1,173 @@
+"""Samplers that run beside a consumer: its memory and CPU from ``/proc``, and its slot's lag.
+
+psutil is not a dependency, and ``/proc`` is all this needs: ``VmRSS`` for resident memory
+and ``utime``/``stime`` for CPU. A walflow run is one process or two (a cluster), each
+possibly with children, so every figure is summed over each process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (children are listed per thread in ``/proc/<pid>/task``)."""
+    found = [pid]
+    i = 0
+    while i < len(found):
+        for task in Path(f"/proc/{found[i]}/task").glob("*/children"):
+            try:
+                found.extend(int(child) for child in task.read_text().split())
+            except OSError:
+                continue
+        i += 1
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid``'s process tree (0 for processes that are gone)."""
+    total = 0
+    for member in process_tree(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+                break
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid``'s process tree so far: all threads, and children that
+    have exited (Postgres backends come and go)."""
+    ticks = 0
+    for member in process_tree(pid):
+        try:
+            stat = Path(f"/proc/{member}/stat").read_text()
+        except OSError:
+            continue
+        # the command name (field 2) may hold spaces: count fields after its closing ')'
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14-17)
+    return ticks / _CLOCK_TICKS
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds so far: the whole machine's busy and total, and this benchmark's process tree's
+    (which holds everything it started: the servers, walflow, pg_recvlogical, its own threads)."""
+
+    busy: float
+    total: float
+    ours: float
+
+    @classmethod
+    def take(cls) -> CpuSnapshot:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return cls((sum(fields) - idle) / _CLOCK_TICKS, sum(fields) / _CLOCK_TICKS, cpu_seconds(os.getpid()))
+
+    def shares_since(self, start: CpuSnapshot) -> dict[str, float]:
+        """How busy the machine was since ``start``, and how much of it was someone else's:
+        near 1.0 busy means the figures include waiting for a core; a large ``other_processes``
+        share means something outside the benchmark (another job) took CPU meanwhile."""
+        total = max(self.total - start.total, 1e-9)
+        busy = self.busy - start.busy
+        return {
+            "machine_cpu_busy": round(busy / total, 2),
+            "other_processes_cpu": round(max(busy - (self.ours - start.ours), 0.0) / total, 2),
+        }
+
+
+class Sampler(threading.Thread):
+    """Base: calls ``sample`` every ``interval`` seconds until ``stop``; times are relative to start."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(daemon=True, name=type(self).__name__)
+        self.interval = interval
+        self.started = time.monotonic()
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def _loop(self) -> None:
+        """Sample every ``interval``, and once more when stopped: a run shorter than a few
+        intervals still ends with its final state (a slot that caught up, say)."""
+        self.sample(time.monotonic() - self.started)
+        while True:
+            stopping = self._stopping.wait(self.interval)
+            self.sample(time.monotonic() - self.started)
+            if stopping:
+                return
+
+    def sample(self, at: float) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(10)
+        if self.error is not None:
+            raise RuntimeError(f"{type(self).__name__} failed: {self.error}") from self.error
+
+
+class MemorySampler(Sampler):
+    """Peak resident memory per process tree and of all of them together, every 100 ms."""
+
+    def __init__(self, pids: list[int], interval: float = 0.1) -> None:
+        super().__init__(interval)
+        self.pids = pids
+        self.peak_each: dict[int, int] = {}
+        self.peak_total = 0
+
+    def sample(self, at: float) -> None:
+        sizes = {pid: rss_bytes(pid) for pid in self.pids}
+        for pid, size in sizes.items():
+            self.peak_each[pid] = max(self.peak_each.get(pid, 0), size)
+        self.peak_total = max(self.peak_total, sum(sizes.values()))
+
+    @property
+    def peak_process(self) -> int:
+        """The largest any one process tree got: what a per-process memory target is about."""
+        return max(self.peak_each.values(), default=0)
+
+
+class SlotLagSampler(Sampler):
+    """``pg_current_wal_lsn() - confirmed_flush_lsn`` of one slot every 250 ms: how far the
+    slot trails the server, i.e. the WAL Postgres must keep for it."""
+
+    def __init__(self, dsn: str, slot: str, interval: float = 0.25) -> None:
+        super().__init__(interval)
+        self.dsn = dsn
+        self.slot = slot
+        self.series: list[tuple[float, int]] = []
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                self._conn = conn
+                self._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def sample(self, at: float) -> None:
+        row = self._conn.execute(
+            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
+            [self.slot],
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            self.series.append((round(at, 3), int(row[0])))

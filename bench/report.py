@@ -1,0 +1,204 @@
+"""The results as JSON (every figure), a markdown table (ceilings beside walflow and the
+issue's targets) and a PNG chart (rates, slot lag over time, latency percentiles)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: The issue's targets.
+TARGET_RSS_MB = 200
+TARGET_CPU_US = 20
+TARGET_P99_MS = 100
+TARGET_RATE = 35_000
+TARGET_CEILING_SHARE = 0.9
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.{digits}f}"
+    return f"{int(value):,}"
+
+
+def _walflow_runs(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(workload, deployment key, run) for every catch-up run."""
+    return [
+        (name, key, run)
+        for name, workload in results["workloads"].items()
+        for key, run in workload["walflow"].items()
+    ]
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of issue 7 with the measured figure and whether it is met."""
+    rows: list[dict[str, Any]] = []
+
+    def add(what: str, measured: float | None, target: str, ok: Callable[[float], bool]) -> None:
+        rows.append({"target": what, "measured": measured, "goal": target,
+                     "met": None if measured is None else bool(ok(measured))})
+
+    mixed = results["workloads"].get("mixed-100B")
+    if mixed and "w1" in mixed["walflow"]:
+        add("(a) changes/s, 1 worker", mixed["walflow"]["w1"]["changes_per_s"], f"≥ {TARGET_RATE:,}",
+            lambda v: v >= TARGET_RATE)
+    for name, workload in results["workloads"].items():
+        run = workload["walflow"].get("w1")
+        sink = workload.get("sink_ceiling", {}).get("publish_async")
+        if run is None or sink is None:
+            continue
+        ceiling = min(workload["source_ceiling"]["changes_per_s"], sink["msgs_per_s"])
+        add(f"{name}: 1 worker / min(source, publish_async)", round(run["changes_per_s"] / ceiling, 2),
+            f"≥ {TARGET_CEILING_SHARE} (of {ceiling:,}/s)", lambda v: v >= TARGET_CEILING_SHARE)
+    if mixed and "w1" in mixed["walflow"]:
+        add("(a) walflow CPU µs/change, 1 worker", mixed["walflow"]["w1"]["cpu_us_per_change"],
+            f"≤ {TARGET_CPU_US}", lambda v: v <= TARGET_CPU_US)
+    phase = results.get("latency", {}).get("phases", {}).get("5000/s")
+    if phase:
+        add("p99 latency at 5k/s (ms)", phase["latency_ms"].get("p99"), f"≤ {TARGET_P99_MS}",
+            lambda v: v <= TARGET_P99_MS)
+    peaks = [run["peak_rss_mb"] for _, _, run in _walflow_runs(results)]
+    if "latency" in results:
+        peaks.append(results["latency"]["peak_rss_mb"])
+    if peaks:
+        add("peak RSS of a walflow process, every run (MB)", max(peaks), f"≤ {TARGET_RSS_MB}",
+            lambda v: v <= TARGET_RSS_MB)
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    lines = [
+        f"# walflow benchmark {results['date']}{' (quick)' if results['quick'] else ''}",
+        "",
+        (f"{env['cpus']} CPUs, load {env['loadavg_start']} at start / {env['loadavg_end']} at end; "
+        f"PostgreSQL {env['postgres']}, NATS {env['nats']}, Python {env['python']}, "
+        f"walflow {env['git_commit'][:10]}{' (modified)' if env['git_modified'] else ''}; {results['seconds']:.0f} s in all."),
+        "",
+        "## Throughput (catch-up: the workload is in the WAL before each consumer starts)",
+        "",
+        ("changes/s; walflow from the first to the last message JetStream stored (in brackets: "
+        "from process start, startup included)."),
+        "",
+        ("| workload | changes | row B | source ceiling pg_recvlogical | sink ceiling publish_async "
+        "| sink ceiling AckPublisher | walflow 1 worker | walflow -w 2 | walflow 2 processes "
+        "| CPU µs/change (1 worker) | peak RSS MB | machine CPU busy / others' (1 worker) |"),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, w in results["workloads"].items():
+        sink = w.get("sink_ceiling", {})
+        cells = []
+        for key in ("w1", "w2", "p2"):
+            run = w["walflow"].get(key)
+            cells.append(f"{_fmt(run['changes_per_s'])} ({_fmt(run['changes_per_s_incl_startup'])})" if run else "–")
+        w1 = w["walflow"].get("w1", {})
+        peak = max((r["peak_rss_mb"] for r in w["walflow"].values()), default=None)
+        lines.append(
+            f"| {name} | {_fmt(w['changes'])} | {_fmt(round(w['avg_row_bytes']))} "
+            f"| {_fmt(w['source_ceiling']['changes_per_s'])} "
+            f"| {_fmt(sink.get('publish_async', {}).get('msgs_per_s'))} "
+            f"| {_fmt(sink.get('ack_publisher', {}).get('msgs_per_s'))} "
+            f"| {' | '.join(cells)} | {_fmt(w1.get('cpu_us_per_change'))} | {_fmt(peak)} "
+            f"| {_fmt(w1.get('machine_cpu_busy'), 2)} / {_fmt(w1.get('other_processes_cpu'), 2)} |"
+        )
+    latency = results.get("latency")
+    if latency:
+        lines += [
+            "",
+            "## Latency (walflow live, 1 worker): commit timestamp → JetStream storage timestamp",
+            "",
+            ("| offered | achieved/s | changes | p50 ms | p95 ms | p99 ms | max ms | first commit → last stored /s "
+            "| generator late max ms | machine CPU busy / others' |"),
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+        for label, phase in latency["phases"].items():
+            ms = phase["latency_ms"]
+            lines.append(
+                f"| {label} | {_fmt(phase['achieved_per_s'])} | {_fmt(phase['changes'])} | {_fmt(ms.get('p50'))} "
+                f"| {_fmt(ms.get('p95'))} | {_fmt(ms.get('p99'))} | {_fmt(ms.get('max'))} "
+                f"| {_fmt(phase['first_commit_to_last_stored_per_s'])} | {_fmt(phase['generator_late_max_ms'])} "
+                f"| {_fmt(phase['machine_cpu_busy'], 2)} / {_fmt(phase['other_processes_cpu'], 2)} |"
+            )
+    if results.get("warnings"):
+        lines += ["", "## Warnings", "", *(f"- {w}" for w in results["warnings"])]
+    lines += ["", "## Targets (issue 7)", "", "| target | measured | goal | met |", "|---|--:|---|---|"]
+    for row in results["targets"]:
+        met = {True: "yes", False: "**no**", None: "–"}[row["met"]]
+        lines.append(f"| {row['target']} | {_fmt(row['measured'], 2)} | {row['goal']} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    """Rates per workload and consumer; slot lag over time per walflow run; latency percentiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rates, lag, latency) = plt.subplots(3, 1, figsize=(11, 13))
+    series: list[tuple[str, Callable[[dict[str, Any]], float | None]]] = [
+        ("source ceiling (pg_recvlogical)", lambda w: w["source_ceiling"]["changes_per_s"]),
+        ("sink ceiling (publish_async)", lambda w: w.get("sink_ceiling", {}).get("publish_async", {}).get("msgs_per_s")),
+        ("sink ceiling (AckPublisher)", lambda w: w.get("sink_ceiling", {}).get("ack_publisher", {}).get("msgs_per_s")),
+        ("walflow 1 worker", lambda w: w["walflow"].get("w1", {}).get("changes_per_s")),
+        ("walflow -w 2", lambda w: w["walflow"].get("w2", {}).get("changes_per_s")),
+        ("walflow 2 processes", lambda w: w["walflow"].get("p2", {}).get("changes_per_s")),
+    ]
+    names = list(results["workloads"])
+    width = 0.8 / len(series)
+    for i, (label, pick) in enumerate(series):
+        values = [pick(results["workloads"][n]) or 0 for n in names]
+        bars = rates.bar([x + i * width for x in range(len(names))], values, width, label=label)
+        rates.bar_label(bars, labels=[f"{v / 1000:.0f}k" if v else "" for v in values], fontsize=7)
+    rates.axhline(TARGET_RATE, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET_RATE // 1000}k/s")
+    rates.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+    rates.set_ylabel("changes/s")
+    rates.set_title("Throughput, catch-up over the same WAL")
+    rates.legend(fontsize=8)
+
+    for name, _key, run in _walflow_runs(results):
+        if run["slot_lag"]:
+            t, mb = zip(*run["slot_lag"], strict=True)
+            lag.plot(t, mb, label=f"{name} {run['deployment']}")
+    if "latency" in results and results["latency"]["slot_lag"]:
+        t, mb = zip(*results["latency"]["slot_lag"], strict=True)
+        lag.plot(t, mb, label="live (latency phases)", linestyle=":")
+    lag.set_xlabel("seconds since walflow started")
+    lag.set_ylabel("slot lag (MB of WAL)")
+    lag.set_title("Slot lag: pg_current_wal_lsn() − confirmed_flush_lsn")
+    lag.legend(fontsize=8)
+
+    phases = results.get("latency", {}).get("phases", {})
+    if phases:
+        keys = ["p50", "p95", "p99", "max"]
+        labels = list(phases)
+        width = 0.8 / len(keys)
+        for i, key in enumerate(keys):
+            values = [phases[label]["latency_ms"].get(key, 0) for label in labels]
+            bars = latency.bar([x + i * width for x in range(len(labels))], values, width, label=key)
+            latency.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7)
+        latency.axhline(TARGET_P99_MS, color="grey", linestyle="--", linewidth=1, label=f"p99 target {TARGET_P99_MS} ms")
+        latency.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels)
+        latency.set_yscale("log")
+        latency.set_ylabel("ms, commit → stored")
+        latency.set_title("Latency at offered rates (walflow live, 1 worker)")
+        latency.legend(fontsize=8)
+    else:
+        latency.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path, Path]:
+    """``<date>[-quick].json``, ``.md`` and ``.png`` in ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{results['date']}{'-quick' if results['quick'] else ''}"
+    paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png")
+    paths[0].write_text(json.dumps(results, indent=2) + "\n")
+    paths[1].write_text(markdown(results))
+    chart(results, paths[2])
+    return paths

@@ -1,0 +1,250 @@
+"""One benchmark run: servers up, each workload written once and read by every consumer, latency, report."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Self
+
+import psycopg
+
+from bench import report
+from bench.consumers import sink_ceilings, source_ceiling, walflow_catchup
+from bench.jetstream import JetStream, StoredMessage
+from bench.latency import Phase, run_latency
+from bench.walflow import DEPLOYMENTS, ROOT, Target
+from bench.workloads import PUBLICATION, Written, drop_database, prepare_database, write_bulk, write_mixed
+from embedded import NatsServer, PostgresServer
+
+#: The server for a benchmark rather than for tests: room for the 1M-row transaction's WAL
+#: without checkpoints in the middle of a measurement. Durability stays off, as in the tests
+#: (fsync off): the figures are about walflow, not about this machine's disk.
+PG_SETTINGS = {"shared_buffers": "256MB", "max_wal_size": "8GB", "checkpoint_timeout": "30min"}
+
+
+#: Other processes' share of the machine's CPU above which a measurement gets a warning.
+NOISE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Options:
+    rows: int
+    wide_rows: int
+    bulk_rows: int
+    clients: int = 4
+    pad: int = 32
+    wide_pad: int = 1500
+    rates: str = "1000,5000"
+    latency_seconds: float = 30.0
+    sink_messages: int = 200_000
+    window: int = 1024
+    deployments: str = "w1,w2,p2"
+    other_deployments: str = "w1"
+    only: str = "mixed,bulk,wide,latency"
+    quick: bool = False
+
+    def with_(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)
+
+    def runs(self, part: str) -> bool:
+        return part in self.only.split(",")
+
+
+FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000)
+QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, latency_seconds=5.0, quick=True)
+
+
+_STARTED = time.monotonic()
+
+
+def _say(message: str) -> None:
+    print(f"bench: {time.monotonic() - _STARTED:5.1f}s {message}", file=sys.stderr, flush=True)
+
+
+def _git(*args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return result.stdout.strip()
+
+
+def environment(pg: PostgresServer, js: JetStream) -> dict[str, Any]:
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "postgres": str(row[0]) if row else "?",
+        "nats": js.server_version,
+        "bytewax": version("bytewax"),
+        "nats_py": version("nats-py"),
+        "git_commit": _git("rev-parse", "HEAD"),
+        # the figures are for the working tree as it was, which may hold uncommitted changes
+        "git_modified": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
+        "pg_settings": PG_SETTINGS,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+class Bench:
+    """The servers, the results so far, and a scratch directory for configs and logs."""
+
+    def __init__(self, options: Options, pg: PostgresServer, js: JetStream, workdir: Path) -> None:
+        self.options = options
+        self.pg = pg
+        self.js = js
+        self.workdir = workdir
+        self.recvlogical = pg.bindir / "pg_recvlogical"
+        self.nats_host, nats_port = js.url.removeprefix("nats://").rsplit(":", 1)
+        self.nats_port = int(nats_port)
+        self.warnings: list[str] = []
+
+    def check_noise(self, label: str, figures: dict[str, Any]) -> None:
+        """Warn when processes outside the benchmark took a noticeable share of the CPU
+        while ``label`` was measured: on a small machine that alone can halve a figure."""
+        other = figures.get("other_processes_cpu") or 0.0
+        if other > NOISE_SHARE:
+            self.warnings.append(f"{label}: other processes on this machine took {other:.0%} of its CPU meanwhile")
+
+    def target(self, database: str, slot: str, tag: str) -> Target:
+        return Target(self.pg.port, database, slot, PUBLICATION, self.nats_host, self.nats_port,
+                      stream=f"WF_{tag.upper()}", subject_prefix=f"wf_{tag}")
+
+    def timeout(self, changes: int) -> float:
+        """Generous: a run this slow is broken, not slow (1,000 changes/s, at least 2 minutes)."""
+        return max(120.0, changes / 1000)
+
+    def workload(self, name: str, deployments: list[str], write: Any) -> dict[str, Any]:
+        """Write one workload into its own database, then run every consumer over its WAL."""
+        tag = name.replace("-", "_").replace(".", "_").lower()
+        database = f"bench_{tag}"
+        dsn = self.pg.dsn(database)
+        prepare_database(self.pg.dsn(), database, dsn, ["recv", *(f"wf_{d}" for d in deployments)])
+        try:
+            _say(f"{name}: writing")
+            written: Written = write(dsn, database)
+            result: dict[str, Any] = {
+                "changes": written.changes,
+                "transactions": written.transactions,
+                "avg_row_bytes": round(written.avg_row_bytes, 1),
+                "wal_mb": round(written.wal_bytes / 2**20, 1),
+                "write_s": round(written.seconds, 2),
+                "write_changes_per_s": round(written.changes / written.seconds),
+            }
+            _say(f"{name}: {written.changes:,} changes, {result['wal_mb']} MB of WAL in {written.seconds:.1f}s; "
+                 "pg_recvlogical")
+            result["source_ceiling"] = source = source_ceiling(
+                self.recvlogical, port=self.pg.port, database=database, slot="recv", publication=PUBLICATION,
+                end_lsn=written.end_lsn, changes=written.changes,
+            )
+            self.check_noise(f"{name}, pg_recvlogical", source)
+            result["walflow"] = {}
+            replay: list[StoredMessage] = []
+            for key in deployments:
+                target = self.target(database, f"wf_{key}", f"{tag}_{key}")
+                _say(f"{name}: walflow {DEPLOYMENTS[key].label}")
+                run = walflow_catchup(
+                    self.js, self.workdir, target, DEPLOYMENTS[key], dsn=dsn, changes=written.changes,
+                    end_lsn=written.end_lsn, timeout=self.timeout(written.changes),
+                )
+                result["walflow"][key] = run
+                self.check_noise(f"{name}, walflow {DEPLOYMENTS[key].label}", run)
+                if run["messages"] != written.changes:
+                    self.warnings.append(f"{name}, walflow {DEPLOYMENTS[key].label}: the stream holds "
+                                         f"{run['messages']:,} messages for {written.changes:,} changes")
+                _say(f"{name}: walflow {DEPLOYMENTS[key].label}: {run['changes_per_s']:,} changes/s, "
+                     f"{run['cpu_us_per_change']} µs/change, peak {run['peak_rss_mb']} MB")
+                if not replay:
+                    replay = self.js.read(target.stream, limit=self.options.sink_messages)
+                    replay_prefix = target.subject_prefix
+                self.js.delete_stream(target.stream)
+            if replay:
+                _say(f"{name}: sink ceilings over {len(replay):,} of walflow's messages")
+                result["sink_ceiling"] = sink = sink_ceilings(
+                    self.js, replay, source_prefix=replay_prefix, tag=tag, window=self.options.window
+                )
+                for publisher in ("publish_async", "ack_publisher"):
+                    self.check_noise(f"{name}, sink ceiling {publisher}", sink[publisher])
+            return result
+        finally:
+            drop_database(self.pg.dsn(), database)
+
+    def latency(self) -> dict[str, Any]:
+        o = self.options
+        phases = [Phase(f"{int(r)}/s", int(r), o.latency_seconds) for r in o.rates.split(",") if r]
+        phases.append(Phase("full speed", None, o.latency_seconds))
+        database = "bench_latency"
+        dsn = self.pg.dsn(database)
+        prepare_database(self.pg.dsn(), database, dsn, ["wf_live"])
+        try:
+            _say(f"latency: {', '.join(p.label for p in phases)}, {o.latency_seconds:g}s each")
+            target = self.target(database, "wf_live", "live")
+            result = run_latency(
+                self.js, self.workdir, target, dsn=dsn, phases=phases, clients=o.clients, pad=o.pad,
+                timeout=self.timeout(0),
+            )
+            self.js.delete_stream(target.stream)
+            for label, phase in result["phases"].items():
+                self.check_noise(f"latency {label}", phase)
+            return result
+        finally:
+            drop_database(self.pg.dsn(), database)
+
+
+def run(options: Options, out_dir: Path) -> int:
+    began = time.monotonic()
+    today = datetime.date.today().isoformat()
+    workdir = Path(tempfile.mkdtemp(prefix="walflow-bench-"))
+    results: dict[str, Any] = {"date": today, "quick": options.quick, "options": dataclasses.asdict(options)}
+    ok = False
+    try:
+        _say("starting PostgreSQL and NATS")
+        with PostgresServer(settings=PG_SETTINGS) as pg, NatsServer() as nats_server:
+            js = JetStream(nats_server.url)
+            try:
+                results["environment"] = environment(pg, js)
+                suite = Bench(options, pg, js, workdir)
+                o = options
+                first, others = o.deployments.split(","), o.other_deployments.split(",")
+                results["workloads"] = {}
+                if o.runs("mixed"):
+                    results["workloads"]["mixed-100B"] = suite.workload(
+                        "mixed-100B", first,
+                        lambda dsn, db: write_mixed(dsn, db, changes=o.rows, clients=o.clients, pad=o.pad),
+                    )
+                if o.runs("wide"):
+                    results["workloads"]["mixed-1.6KB"] = suite.workload(
+                        "mixed-1.6KB", others,
+                        lambda dsn, db: write_mixed(dsn, db, changes=o.wide_rows, clients=o.clients, pad=o.wide_pad),
+                    )
+                if o.runs("bulk"):
+                    results["workloads"]["bulk"] = suite.workload(
+                        "bulk", others, lambda dsn, db: write_bulk(dsn, db, rows=o.bulk_rows)
+                    )
+                if o.runs("latency"):
+                    results["latency"] = suite.latency()
+                results["warnings"] = suite.warnings
+            finally:
+                js.close()
+        results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        results["seconds"] = round(time.monotonic() - began, 1)
+        results["targets"] = report.targets(results)
+        json_path, md_path, png_path = report.write(results, out_dir)
+        print(report.markdown(results))
+        _say(f"wrote {json_path}, {md_path.name}, {png_path.name} in {results['seconds']:.0f}s")
+        ok = True
+        return 0
+    finally:
+        if ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            _say(f"configs and walflow logs kept in {workdir}")
