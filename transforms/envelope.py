@@ -56,7 +56,7 @@ replay.
 from __future__ import annotations
 
 import math
-from base64 import b64encode
+from binascii import b2a_base64
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -103,7 +103,7 @@ def unix_microseconds(value: datetime) -> int:
 
 
 def _base64(value: bytes) -> str:
-    return b64encode(value).decode("ascii")
+    return b2a_base64(value, newline=False).decode("ascii")
 
 
 def _unchanged_toast(_: UnchangedToast) -> str:
@@ -233,7 +233,7 @@ class Envelope:
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
-        key = b64encode(self._key_prefix + f"{lsn}:{idx}".encode()).decode("ascii")
+        key = b2a_base64(b"%s%d:%d" % (self._key_prefix, lsn, idx), newline=False).decode("ascii")
         payload = {
             "record": record,
             "changes": changes,
