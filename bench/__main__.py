@@ -18,9 +18,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="./run.sh bench",
         description="walflow's benchmark (issue 7): starts its own PostgreSQL and NATS, writes "
         "bench/results/<date>[-quick].{json,md,png} and prints the markdown table.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run in under a minute")
+    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run in under a minute, every measurement included")
     sizes = parser.add_argument_group("sizes (default: full mode's; --quick changes those not given)")
     sizes.add_argument("--rows", type=int, help=f"(a) mixed ~100 B changes [full {FULL.rows:,}, quick {QUICK.rows:,}]")
     sizes.add_argument("--wide-rows", type=int,
@@ -42,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--other-deployments", help=f"walflow deployments for (b) and (c) [{FULL.other_deployments}]")
     parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [all]")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                        help="results directory")
+                        help="results directory [bench/results]")
     return parser
 
 

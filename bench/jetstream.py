@@ -25,6 +25,9 @@ T = TypeVar("T")
 #: and a random token behind. nats-py turns the timestamp into a float datetime (µs at best);
 #: latencies want it exact, so it is read from the subject.
 _V1_TOKENS = 9
+#: Flow control of :meth:`JetStream.read`: unacknowledged messages at most, and how often to ack.
+_IN_FLIGHT = 20_000
+_ACK_EVERY = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,25 +107,46 @@ class JetStream:
         assert first.time is not None and last.time is not None
         return first.time, last.time
 
-    def read(self, stream: str, limit: int | None = None, batch: int = 2000) -> list[StoredMessage]:
-        """The stream's messages in order (the first ``limit``), through one ephemeral pull
-        consumer fetched in batches: one request per batch, not one per message."""
-        return self.run(self._read(stream, limit, batch))
+    def read(self, stream: str, limit: int | None = None, timeout: float = 120.0) -> list[StoredMessage]:
+        """The stream's messages in order (the first ``limit``).
 
-    async def _read(self, stream: str, limit: int | None, batch: int) -> list[StoredMessage]:
+        One ephemeral push consumer delivers to a plain subscription: nats-py's pull ``fetch``
+        costs ~100 µs a message, which would make reading back a stream take longer than the
+        benchmark. Acknowledging every ``_ACK_EVERY``-th message (ack policy "all") with at most
+        ``_IN_FLIGHT`` unacknowledged is the flow control: without it the server pushes faster
+        than Python reads and drops the connection as a slow consumer.
+        """
+        return self.run(self._read(stream, limit, timeout))
+
+    async def _read(self, stream: str, limit: int | None, timeout: float) -> list[StoredMessage]:
         info = await self.js.stream_info(stream)
         want = int(info.state.messages) if limit is None else min(limit, int(info.state.messages))
         out: list[StoredMessage] = []
         if want == 0:
             return out
-        config = ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0
+        done = asyncio.get_running_loop().create_future()
+
+        async def collect(msg: Msg) -> None:
+            if len(out) >= want:
+                return
+            out.append(_stored(msg))
+            if len(out) % _ACK_EVERY == 0:
+                await msg.ack()
+            if len(out) == want and not done.done():
+                done.set_result(None)
+
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=collect, pending_msgs_limit=0, pending_bytes_limit=0)
+        consumer = await self.js.add_consumer(
+            stream,
+            ConsumerConfig(
+                deliver_subject=inbox, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.ALL,
+                max_ack_pending=_IN_FLIGHT, ack_wait=timeout, inactive_threshold=60.0,
+            ),
         )
-        sub = await self.js.pull_subscribe(">", stream=stream, config=config)
         try:
-            while len(out) < want:
-                messages = await sub.fetch(min(batch, want - len(out)), timeout=10)
-                out.extend(_stored(msg) for msg in messages)
+            await asyncio.wait_for(done, timeout)
         finally:
             await sub.unsubscribe()
-        return out[:want]
+            await self.js.delete_consumer(stream, consumer.name)
+        return out

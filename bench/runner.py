@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -123,7 +124,7 @@ class Bench:
         """Generous: a run this slow is broken, not slow (1,000 changes/s, at least 2 minutes)."""
         return max(120.0, changes / 1000)
 
-    def workload(self, name: str, deployments: list[str], write: Any) -> dict[str, Any]:
+    def workload(self, name: str, deployments: list[str], write: Callable[[str, str], Written]) -> dict[str, Any]:
         """Write one workload into its own database, then run every consumer over its WAL."""
         tag = name.replace("-", "_").replace(".", "_").lower()
         database = f"bench_{tag}"
@@ -131,7 +132,7 @@ class Bench:
         prepare_database(self.pg.dsn(), database, dsn, ["recv", *(f"wf_{d}" for d in deployments)])
         try:
             _say(f"{name}: writing")
-            written: Written = write(dsn, database)
+            written = write(dsn, database)
             result: dict[str, Any] = {
                 "changes": written.changes,
                 "transactions": written.transactions,
@@ -148,7 +149,7 @@ class Bench:
             )
             self.check_noise(f"{name}, pg_recvlogical", source)
             result["walflow"] = {}
-            replay: list[StoredMessage] = []
+            replay: tuple[str, list[StoredMessage]] | None = None  # walflow's subject prefix, its messages
             for key in deployments:
                 target = self.target(database, f"wf_{key}", f"{tag}_{key}")
                 _say(f"{name}: walflow {DEPLOYMENTS[key].label}")
@@ -163,14 +164,14 @@ class Bench:
                                          f"{run['messages']:,} messages for {written.changes:,} changes")
                 _say(f"{name}: walflow {DEPLOYMENTS[key].label}: {run['changes_per_s']:,} changes/s, "
                      f"{run['cpu_us_per_change']} µs/change, peak {run['peak_rss_mb']} MB")
-                if not replay:
-                    replay = self.js.read(target.stream, limit=self.options.sink_messages)
-                    replay_prefix = target.subject_prefix
+                if replay is None:
+                    replay = (target.subject_prefix, self.js.read(target.stream, limit=self.options.sink_messages))
                 self.js.delete_stream(target.stream)
-            if replay:
-                _say(f"{name}: sink ceilings over {len(replay):,} of walflow's messages")
+            if replay is not None:
+                prefix, messages = replay
+                _say(f"{name}: sink ceilings over {len(messages):,} of walflow's messages")
                 result["sink_ceiling"] = sink = sink_ceilings(
-                    self.js, replay, source_prefix=replay_prefix, tag=tag, window=self.options.window
+                    self.js, messages, source_prefix=prefix, tag=tag, window=self.options.window
                 )
                 for publisher in ("publish_async", "ack_publisher"):
                     self.check_noise(f"{name}, sink ceiling {publisher}", sink[publisher])
