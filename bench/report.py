@@ -104,6 +104,21 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {' | '.join(cells)} | {_fmt(w1.get('cpu_us_per_change'))} | {_fmt(peak)} "
             f"| {_fmt(w1.get('machine_cpu_busy'), 2)} / {_fmt(w1.get('other_processes_cpu'), 2)} |"
         )
+    lines += [
+        "",
+        "### walflow runs",
+        "",
+        ("| workload | deployment | changes/s stored | incl. startup | wall s | CPU µs/change | peak RSS MB "
+        "(process / all) | slot confirmed after s | machine CPU busy / others' |"),
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, _key, run in _walflow_runs(results):
+        lines.append(
+            f"| {name} | {run['deployment']} | {_fmt(run['changes_per_s'])} | {_fmt(run['changes_per_s_incl_startup'])} "
+            f"| {_fmt(run['wall_incl_startup_s'])} | {_fmt(run['cpu_us_per_change'])} "
+            f"| {_fmt(run['peak_rss_mb'])} / {_fmt(run['peak_rss_total_mb'])} | {_fmt(run['slot_confirmed_after_s'])} "
+            f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
+        )
     latency = results.get("latency")
     if latency:
         lines += [
@@ -138,7 +153,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (rates, lag, latency) = plt.subplots(3, 1, figsize=(11, 13))
+    fig, (rates, lag, latency, live) = plt.subplots(4, 1, figsize=(11, 17))
     series: list[tuple[str, Callable[[dict[str, Any]], float | None]]] = [
         ("source ceiling (pg_recvlogical)", lambda w: w["source_ceiling"]["changes_per_s"]),
         ("sink ceiling (publish_async)", lambda w: w.get("sink_ceiling", {}).get("publish_async", {}).get("msgs_per_s")),
@@ -163,13 +178,22 @@ def chart(results: dict[str, Any], path: Path) -> None:
         if run["slot_lag"]:
             t, mb = zip(*run["slot_lag"], strict=True)
             lag.plot(t, mb, label=f"{name} {run['deployment']}")
-    if "latency" in results and results["latency"]["slot_lag"]:
-        t, mb = zip(*results["latency"]["slot_lag"], strict=True)
-        lag.plot(t, mb, label="live (latency phases)", linestyle=":")
     lag.set_xlabel("seconds since walflow started")
     lag.set_ylabel("slot lag (MB of WAL)")
-    lag.set_title("Slot lag: pg_current_wal_lsn() − confirmed_flush_lsn")
+    lag.set_title("Slot lag during catch-up: pg_current_wal_lsn() − confirmed_flush_lsn")
     lag.legend(fontsize=8)
+
+    if "latency" in results and results["latency"]["slot_lag"]:
+        t, mb = zip(*results["latency"]["slot_lag"], strict=True)
+        live.plot(t, mb, color="black", linewidth=1)
+        for i, (label, phase) in enumerate(results["latency"]["phases"].items()):
+            live.axvspan(phase["lag_from_s"], phase["lag_to_s"], alpha=0.15, color=f"C{i}", label=label)
+        live.set_xlabel("seconds since walflow started")
+        live.set_ylabel("slot lag (MB of WAL)")
+        live.set_title("Slot lag while running live (latency phases shaded)")
+        live.legend(fontsize=8)
+    else:
+        live.set_visible(False)
 
     phases = results.get("latency", {}).get("phases", {})
     if phases:
