@@ -139,32 +139,11 @@ def run_latency(
                 _drain(js, target.stream, expected, wf, timeout)
                 cpu_start = sum(cpu_seconds(p) for p in wf.pids)
                 for phase in phases:
-                    machine = CpuSnapshot.take()
-                    start = time.monotonic() + 0.05
-                    end = start + phase.seconds
-                    threads = [threading.Thread(target=w.run_phase, args=(start, end, phase.rate)) for w in writers]
-                    for t in threads:
-                        t.start()
-                    for t in threads:
-                        t.join()
+                    ops, figures = _offer(writers, phase, lag.started)
                     stopped = time.monotonic()
-                    for w in writers:
-                        if w.error is not None:
-                            raise RuntimeError(f"latency generator failed: {w.error}") from w.error
-                    ops = sum(w.ops for w in writers)
-                    shares = CpuSnapshot.take().shares_since(machine)
                     _drain(js, target.stream, expected + ops, wf, timeout)
-                    generator = {
-                        "offered_per_s": phase.rate,
-                        "achieved_per_s": round(ops / (stopped - start)),
-                        "changes": ops,
-                        "generator_late_max_ms": round(max(w.late_max for w in writers) * 1000, 1),
-                        **shares,
-                        "drained_after_s": round(time.monotonic() - stopped, 3),
-                        "lag_from_s": round(start - lag.started, 3),
-                        "lag_to_s": round(stopped - lag.started, 3),
-                    }
-                    ranges.append((phase, expected + 1, expected + ops, generator))
+                    figures["drained_after_s"] = round(time.monotonic() - stopped, 3)
+                    ranges.append((phase, expected + 1, expected + ops, figures))
                     expected += ops
                 cpu_end = sum(cpu_seconds(p) for p in wf.pids)
             finally:
@@ -193,6 +172,33 @@ def run_latency(
             "latency_ms": {k: round(v, 2) for k, v in percentiles(latencies).items()},
         }
     return result
+
+
+def _offer(writers: list[Client], phase: Phase, origin: float) -> tuple[int, dict[str, Any]]:
+    """Run one phase on every client at once; the changes made, and what the generator achieved
+    (times relative to ``origin``, the slot-lag series' start, for the chart)."""
+    machine = CpuSnapshot.take()
+    start = time.monotonic() + 0.05
+    end = start + phase.seconds
+    threads = [threading.Thread(target=w.run_phase, args=(start, end, phase.rate)) for w in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stopped = time.monotonic()
+    for w in writers:
+        if w.error is not None:
+            raise RuntimeError(f"latency generator failed: {w.error}") from w.error
+    ops = sum(w.ops for w in writers)
+    return ops, {
+        "offered_per_s": phase.rate,
+        "achieved_per_s": round(ops / (stopped - start)),
+        "changes": ops,
+        "generator_late_max_ms": round(max(w.late_max for w in writers) * 1000, 1),
+        **CpuSnapshot.take().shares_since(machine),
+        "lag_from_s": round(start - origin, 3),
+        "lag_to_s": round(stopped - origin, 3),
+    }
 
 
 def _drain(js: JetStream, stream: str, count: int, wf: Walflow, timeout: float) -> None:
