@@ -62,7 +62,7 @@ class Options:
 
 
 FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000)
-QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, latency_seconds=5.0, quick=True)
+QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, latency_seconds=4.0, quick=True)
 
 
 _STARTED = time.monotonic()
