@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _PG_EPOCH_UNIX_US = 946_684_800 * 1_000_000
+_fromtimestamp = datetime.fromtimestamp
 
 _XLOGDATA = struct.Struct("!QQq")  # dataStart, walEnd, sendTime (after the 'w' byte)
 _KEEPALIVE = struct.Struct("!QqB")  # walEnd, sendTime, replyRequested (after the 'k' byte)
@@ -36,7 +37,22 @@ def str_to_lsn(text: str) -> int:
 
 
 def pg_timestamp(us: int) -> datetime:
-    """A wire timestamp as an aware UTC datetime (microseconds kept)."""
+    """A wire timestamp as an aware UTC datetime (microseconds kept).
+
+    Called for every transaction, so it takes the faster way first: ``fromtimestamp`` on a
+    float (0.3 µs; ``PG_EPOCH + timedelta`` takes 0.6). The float is exact to well under a
+    microsecond for any date near the present; the result is used only if its microseconds
+    are the wire value's, which makes it exact (the float is never off by a whole second),
+    else the exact sum is computed.
+    """
+    unix_us = us + _PG_EPOCH_UNIX_US
+    try:
+        ts = _fromtimestamp(unix_us / 1_000_000, UTC)
+    except (OverflowError, ValueError, OSError):
+        pass
+    else:
+        if ts.microsecond == unix_us % 1_000_000:
+            return ts
     return PG_EPOCH + timedelta(microseconds=us)
 
 
