@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal, cast
 
 from connectors.postgres.values import Row
 
@@ -37,3 +37,47 @@ class Change:
     commit_idx: int
     commit_ts: datetime
     xid: int
+
+
+@dataclass(slots=True)
+class _Unfrozen:
+    """:class:`Change`'s fields in the same slots, without ``frozen``: see :func:`new_change`."""
+
+    action: Action
+    schema: str
+    table: str
+    key_columns: tuple[str, ...]
+    new: Row | None
+    old: Row | None
+    commit_lsn: int
+    commit_idx: int
+    commit_ts: datetime
+    xid: int
+
+
+assert _Unfrozen.__slots__ == Change.__slots__  # what makes the __class__ assignment below valid
+
+
+def new_change(
+    action: Action,
+    schema: str,
+    table: str,
+    key_columns: tuple[str, ...],
+    new: Row | None,
+    old: Row | None,
+    commit_lsn: int,
+    commit_idx: int,
+    commit_ts: datetime,
+    xid: int,
+) -> Change:
+    """``Change(...)`` for the reader's hot path, in a third of the time.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``: 1.2 µs
+    for ten fields, a noticeable share of the reader's time per change. The same fields are
+    set on an unfrozen twin with the very same slots, whose class is then switched, which
+    Python allows between classes of identical layout: the result is a :class:`Change` like
+    any other, frozen from then on.
+    """
+    change: Any = _Unfrozen(action, schema, table, key_columns, new, old, commit_lsn, commit_idx, commit_ts, xid)
+    change.__class__ = Change
+    return cast(Change, change)

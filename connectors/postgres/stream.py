@@ -7,6 +7,7 @@ on the socket, so it can keep sending status updates while it does not read.
 from __future__ import annotations
 
 import select
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -75,7 +76,27 @@ class ReplicationStream:
             return data
         if size == 0:
             return None
-        raise self._error(self._pgconn.get_result())  # the server ended COPY: its result says why
+        raise self.ended()
+
+    @property
+    def get_copy_data(self) -> Callable[[int], tuple[int, memoryview]]:
+        """psycopg's own non-blocking read, for the reader's loop, which cannot afford
+        :meth:`read`'s Python call per message: ``get_copy_data(1)`` returns ``(size, payload)``
+        for a message, ``(0, b"")`` when the socket must be read first, and a negative size
+        when the server ended COPY (then raise :meth:`ended`). It raises
+        ``psycopg.OperationalError`` where :meth:`read` raises :class:`StreamError`."""
+        return self._pgconn.get_copy_data
+
+    def ended(self) -> StreamError:
+        """Why the server ended COPY: its result's error, after ``get_copy_data`` returned a negative size."""
+        return self._error(self._pgconn.get_result())
+
+    def consume(self) -> None:
+        """Pull what the socket holds into libpq, without waiting."""
+        try:
+            self._pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise StreamError(str(exc)) from None
 
     def wait(self, timeout: float, also: list[int]) -> list[int]:
         """Wait until the socket or one of ``also`` is readable; pull what arrived into libpq."""
