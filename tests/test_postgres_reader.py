@@ -2,9 +2,10 @@
 
 The reader decodes Begin, Insert/Update/Delete and Commit without pgoutput's decoder and
 converts rows straight from the bytes (``connectors/postgres/reader.py``); json goes through
-orjson, commit times through a float, changes are built without the frozen dataclass's
-``__init__``, and a burst's changes enter the buffer together. Each of these is checked here
-against the plain way it replaced: real messages from PostgreSQL, mutated ones, and random values.
+orjson, commit times through psycopg's binary timestamptz loader (or a float), changes are
+built without the frozen dataclass's ``__init__``, and a burst's changes enter the buffer
+together. Each of these is checked here against the plain way it replaced: real messages from
+PostgreSQL, mutated ones, and random values.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from connectors.postgres.changes import Change, new_change
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
 from connectors.postgres.reader import ResumePoint, SlotReader
-from connectors.postgres.values import TypeResolver, json_loads
+from connectors.postgres.values import TypeResolver, _commit_time, json_loads
 from tests.harness import Database, TestNames
 
 # -- json --------------------------------------------------------------------------------------------------
@@ -441,3 +442,20 @@ def test_short_path_equals_decoder_path_on_mutated_messages(captured: Captured, 
         message += data.draw(st.binary(min_size=1, max_size=6))
     messages[at] = bytes(message)
     assert_same_outcome(run_short(captured, messages, ResumePoint()), run_full(captured, messages, ResumePoint()))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(us=st.integers(_FIRST_US - 10**12, _LAST_US + 10**12) | st.integers(-(2**63), 2**63 - 1)
+       | st.sampled_from([_FIRST_US, _LAST_US, _FIRST_US - 1, _LAST_US + 1, 0, -1]))
+def test_commit_times_through_psycopg_are_pg_timestamp(captured: Captured, us: int) -> None:
+    raw = struct.pack("!q", us)
+    for load in (captured.resolver.commit_times(), _commit_time):
+        try:
+            expected = pg_timestamp(us)
+        except OverflowError:
+            with pytest.raises(psycopg.DataError):
+                load(raw)
+            continue
+        got = load(raw)
+        assert got == expected and got.tzinfo is expected.tzinfo
+    assert captured.resolver.commit_times() is not _commit_time  # psycopg's loader: TimeZone is UTC

@@ -80,6 +80,7 @@ _NEW, _KEY, _OLD = b"NKO"
 # with one unpack each, skipping ('x') what it does not use:
 #   dataStart, then after 'B': final_lsn, commit_ts, xid
 _XLOG_BEGIN = struct.Struct("!xQ16xxQqI")
+_BEGIN_COMMIT_TS = slice(XLOGDATA_HEADER + 9, XLOGDATA_HEADER + 17)  # for psycopg's loader
 #   dataStart, then after 'C' and its flags: commit_lsn, end_lsn (commit_ts: Begin had it)
 _XLOG_COMMIT = struct.Struct("!xQ16xxxQQ8x")
 #   dataStart, then after 'I'/'U'/'D': relid, the first tuple's marker; the tuple follows
@@ -477,6 +478,7 @@ class SlotReader:
         # beyond this LSN a previous run emitted nothing: ResumePoint.emitted_up_to is -1
         resume_lsn = max(self.resume.lsn, self.resume.commit_lsn or 0)
         unpack_begin, unpack_commit = _XLOG_BEGIN.unpack_from, _XLOG_COMMIT.unpack_from
+        commit_time = resolver.commit_times()
         try:
             while handled < _READ_BURST and self._staged_size < room:
                 try:
@@ -506,7 +508,10 @@ class SlotReader:
                     self._received = max(self._received, start)
                     # what _begin does, inline: a call per transaction is measurable here
                     self._txn_lsn = commit_lsn
-                    self._txn_ts = pg_timestamp(commit_ts)
+                    try:
+                        self._txn_ts = commit_time(data[_BEGIN_COMMIT_TS])
+                    except psycopg.DataError:  # beyond what a datetime holds: as _begin fails
+                        self._txn_ts = pg_timestamp(commit_ts)
                     self._txn_xid = xid
                     self._txn_idx = 0
                     self._txn_emitted = -1 if commit_lsn > resume_lsn else self.resume.emitted_up_to(commit_lsn)

