@@ -652,10 +652,11 @@ def test_commit_timestamp_is_utc_with_six_fractional_digits() -> None:
     envelope = Envelope(make_sink(), "app")
     whole = dt.datetime(2026, 11, 30, 4, 0, tzinfo=dt.UTC)
     east = dt.datetime(2026, 11, 30, 6, 0, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    small = dt.datetime(2026, 11, 30, 4, 0, 0, 50, tzinfo=dt.UTC)  # rendered by to_json: still 6 digits
     stamps = [_payload(envelope(make_change(ts=ts)).payload)["metadata"]["commit_timestamp"]
-              for ts in (TS, whole, east, TS)]
+              for ts in (TS, whole, east, TS, small)]
     assert stamps == ["2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000000Z",
-                      "2026-11-30T04:00:00.000005Z", "2026-11-30T04:00:00.123456Z"]
+                      "2026-11-30T04:00:00.000005Z", "2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000050Z"]
 
 
 def test_unix_microsecond_format_applies_to_commit_timestamp_and_record_timestamps() -> None:
