@@ -76,8 +76,9 @@ _XLOGDATA, _KEEPALIVE = b"wk"
 _BEGIN, _COMMIT, _INSERT, _UPDATE, _DELETE = b"BCIUD"
 _NEW, _KEY, _OLD = b"NKO"
 # The short path reads the XLogData header (protocol.py: 'w', dataStart, walEnd, sendTime)
-# and the pgoutput message behind it (pgoutput.py, outside stream blocks: no xid prefix)
-# with one unpack each, skipping ('x') what it does not use:
+# and the pgoutput message behind it (pgoutput.py) with one unpack each, skipping ('x') what
+# it does not use. Messages never carry the xid prefix of stream blocks here: the session
+# does not ask for streaming, and a Stream Start would end it (a ProtocolError) at once.
 #   dataStart, then after 'B': final_lsn, commit_ts, xid
 _XLOG_BEGIN = struct.Struct("!xQ16xxQqI")
 _BEGIN_COMMIT_TS = slice(XLOGDATA_HEADER + 9, XLOGDATA_HEADER + 17)  # for psycopg's loader

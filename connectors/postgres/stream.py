@@ -66,25 +66,13 @@ class ReplicationStream:
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise self._error(result)
 
-    def read(self) -> memoryview | None:
-        """The next CopyData payload already received, or None when the socket must be read first."""
-        try:
-            size, data = self._pgconn.get_copy_data(1)
-        except psycopg.OperationalError as exc:
-            raise StreamError(str(exc)) from None
-        if size > 0:
-            return data
-        if size == 0:
-            return None
-        raise self.ended()
-
     @property
     def get_copy_data(self) -> Callable[[int], tuple[int, memoryview]]:
-        """psycopg's own non-blocking read, for the reader's loop, which cannot afford
-        :meth:`read`'s Python call per message: ``get_copy_data(1)`` returns ``(size, payload)``
-        for a message, ``(0, b"")`` when the socket must be read first, and a negative size
-        when the server ended COPY (then raise :meth:`ended`). It raises
-        ``psycopg.OperationalError`` where :meth:`read` raises :class:`StreamError`."""
+        """psycopg's own non-blocking read, called by the reader for every message (a Python
+        method around it would cost a call each): ``get_copy_data(1)`` returns ``(size,
+        payload)`` for a message already received, ``(0, b"")`` when the socket must be read
+        first, and a negative size when the server ended COPY (then raise :meth:`ended`).
+        Raises ``psycopg.OperationalError`` when the connection broke."""
         return self._pgconn.get_copy_data
 
     def ended(self) -> StreamError:
