@@ -3,6 +3,6 @@
 It starts its own PostgreSQL and NATS, writes the workloads of issue 7 once, and runs every
 consumer over the same WAL: ``pg_recvlogical`` (the source ceiling), walflow end to end in
 three deployments, and two publishers replaying walflow's own messages (the sink ceiling).
-Then it measures latency at fixed offered rates with walflow running live. Results go to
-``bench/results/<date>.{json,md,png}``.
+Then it measures latency at fixed offered rates with walflow running live, with ``pgbench``
+as the load. Results go to ``bench/results/<date>.{json,md,png}``.
 """

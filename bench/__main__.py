@@ -32,14 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     sizes.add_argument("--wide-pad", type=int, help=f"string_field length for ~1.6 KB rows [{FULL.wide_pad}]")
     sizes.add_argument("--rates", help=f"offered rates for latency, comma-separated [{FULL.rates}]")
     sizes.add_argument("--latency-seconds", type=float,
-                       help=f"seconds per latency phase [full {FULL.latency_seconds}, quick {QUICK.latency_seconds}]")
+                       help=f"seconds per latency phase, whole seconds (pgbench -T) "
+                       f"[full {FULL.latency_seconds}, quick {QUICK.latency_seconds}]")
     sizes.add_argument("--sink-messages", type=int,
                        help=f"at most this many messages replayed per sink ceiling [{FULL.sink_messages:,}]")
     sizes.add_argument("--window", type=int, help=f"in-flight window of both sink-ceiling publishers [{FULL.window}]")
     parser.add_argument("--deployments", help=f"walflow deployments for (a), of {','.join(DEPLOYMENTS)} "
                         f"[{FULL.deployments}]")
     parser.add_argument("--other-deployments", help=f"walflow deployments for (b) and (c) [{FULL.other_deployments}]")
-    parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [all]")
+    parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [all]; the results' "
+                        "names then end in them (<date>-latency.md), so a whole run's stay")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="results directory [bench/results]")
     return parser

@@ -55,7 +55,9 @@ class JetStream:
         self.url = url
         self._loop = asyncio.new_event_loop()
         self.nc = self.run(nats.connect(url, connect_timeout=5, max_reconnect_attempts=0))
-        self.js = self.nc.jetstream()
+        # API calls wait up to 30 s, not nats-py's 5: on a saturated 2-core machine a stream_info
+        # poll must not end a run that is merely slow
+        self.js = self.nc.jetstream(timeout=30)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on this handle's loop (where ``nc`` lives)."""
@@ -77,6 +79,14 @@ class JetStream:
         except NotFoundError:
             return 0
         return int(info.state.messages)
+
+    def last_seq(self, stream: str) -> int:
+        """The sequence of the last message ``stream`` stored; 0 while it does not exist."""
+        try:
+            info = self.run(self.js.stream_info(stream))
+        except NotFoundError:
+            return 0
+        return int(info.state.last_seq)
 
     def add_stream(self, name: str, subjects: list[str]) -> None:
         """A stream as walflow creates one by default (file storage, 2 min duplicate window)."""

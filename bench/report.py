@@ -119,22 +119,33 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(run['peak_rss_mb'])} / {_fmt(run['peak_rss_total_mb'])} | {_fmt(run['slot_confirmed_after_s'])} "
             f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
         )
+    if not results["workloads"]:  # a latency-only run (--only latency): title and environment only
+        del lines[3:]
     latency = results.get("latency")
     if latency:
         lines += [
             "",
             "## Latency (walflow live, 1 worker): commit timestamp → JetStream storage timestamp",
             "",
+            (f"Load: {latency.get('generator', 'pgbench')}; a rate is pgbench's own throttling (-R, Poisson "
+            "arrivals), its schedule lag how late transactions started against that schedule."),
+            "",
             ("| offered | achieved/s | changes | p50 ms | p95 ms | p99 ms | max ms | first commit → last stored /s "
-            "| generator late max ms | machine CPU busy / others' |"),
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+            "| p99 of each second: median / worst ms | drained after s | pgbench schedule lag avg / p99 / max ms "
+            "| pgbench CPU cores | machine CPU busy / others' |"),
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for label, phase in latency["phases"].items():
             ms = phase["latency_ms"]
+            lag = phase.get("schedule_lag_ms")
+            lag_cell = f"{_fmt(lag.get('avg'), 2)} / {_fmt(lag.get('p99'))} / {_fmt(lag.get('max'))}" if lag else "–"
+            seconds = phase.get("p99_of_seconds_ms", {})
             lines.append(
                 f"| {label} | {_fmt(phase['achieved_per_s'])} | {_fmt(phase['changes'])} | {_fmt(ms.get('p50'))} "
                 f"| {_fmt(ms.get('p95'))} | {_fmt(ms.get('p99'))} | {_fmt(ms.get('max'))} "
-                f"| {_fmt(phase['first_commit_to_last_stored_per_s'])} | {_fmt(phase['generator_late_max_ms'])} "
+                f"| {_fmt(phase['first_commit_to_last_stored_per_s'])} "
+                f"| {_fmt(seconds.get('median'))} / {_fmt(seconds.get('max'))} | {_fmt(phase.get('drained_after_s'), 2)} "
+                f"| {lag_cell} | {_fmt(phase.get('pgbench_cpu_cores'), 2)} "
                 f"| {_fmt(phase['machine_cpu_busy'], 2)} / {_fmt(phase['other_processes_cpu'], 2)} |"
             )
     if results.get("warnings"):
@@ -181,7 +192,11 @@ def chart(results: dict[str, Any], path: Path) -> None:
     lag.set_xlabel("seconds since walflow started")
     lag.set_ylabel("slot lag (MB of WAL)")
     lag.set_title("Slot lag during catch-up: pg_current_wal_lsn() − confirmed_flush_lsn")
-    lag.legend(fontsize=8)
+    if names:
+        lag.legend(fontsize=8)
+    else:  # a latency-only run (--only latency): no catch-up to show
+        rates.set_visible(False)
+        lag.set_visible(False)
 
     if "latency" in results and results["latency"]["slot_lag"]:
         t, mb = zip(*results["latency"]["slot_lag"], strict=True)
@@ -217,10 +232,11 @@ def chart(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path, Path]:
-    """``<date>[-quick].json``, ``.md`` and ``.png`` in ``out_dir``; returns their paths."""
+def write(results: dict[str, Any], out_dir: Path, parts: str = "") -> tuple[Path, Path, Path]:
+    """``<date>[-quick][-<parts>].json``, ``.md`` and ``.png`` in ``out_dir``; returns their paths.
+    ``parts`` names a partial run (``--only``), so it never overwrites a whole run's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{results['date']}{'-quick' if results['quick'] else ''}"
+    stem = f"{results['date']}{'-quick' if results['quick'] else ''}{f'-{parts}' if parts else ''}"
     paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png")
     paths[0].write_text(json.dumps(results, indent=2) + "\n")
     paths[1].write_text(markdown(results))

@@ -22,7 +22,7 @@ import psycopg
 from bench import report
 from bench.consumers import sink_ceilings, source_ceiling, walflow_catchup
 from bench.jetstream import JetStream, StoredMessage
-from bench.latency import Phase, run_latency
+from bench.latency import Phase, find_pgbench, run_latency
 from bench.walflow import DEPLOYMENTS, ROOT, Target
 from bench.workloads import PUBLICATION, Written, drop_database, prepare_database, write_bulk, write_mixed
 from embedded import NatsServer, PostgresServer
@@ -105,6 +105,7 @@ class Bench:
         self.js = js
         self.workdir = workdir
         self.recvlogical = pg.bindir / "pg_recvlogical"
+        self.pgbench = find_pgbench(pg.bindir) if options.runs("latency") else pg.bindir / "pgbench"
         self.nats_host, nats_port = js.url.removeprefix("nats://").rsplit(":", 1)
         self.nats_port = int(nats_port)
         self.warnings: list[str] = []
@@ -190,12 +191,18 @@ class Bench:
             _say(f"latency: {', '.join(p.label for p in phases)}, {o.latency_seconds:g}s each")
             target = self.target(database, "wf_live", "live")
             result = run_latency(
-                self.js, self.workdir, target, dsn=dsn, phases=phases, clients=o.clients, pad=o.pad,
-                timeout=self.timeout(0),
+                self.js, self.workdir, target, dsn=dsn, pgbench=self.pgbench, phases=phases, clients=o.clients,
+                pad=o.pad, timeout=self.timeout(0),
             )
             self.js.delete_stream(target.stream)
             for label, phase in result["phases"].items():
                 self.check_noise(f"latency {label}", phase)
+                # every transaction of the script changes one row: the stream must hold as many
+                if phase["changes"] != phase["transactions"] or phase["failed_transactions"]:
+                    self.warnings.append(
+                        f"latency {label}: the stream holds {phase['changes']:,} changes for pgbench's "
+                        f"{phase['transactions']:,} transactions ({phase['failed_transactions']} failed)"
+                    )
             return result
         finally:
             drop_database(self.pg.dsn(), database)
@@ -239,7 +246,8 @@ def run(options: Options, out_dir: Path) -> int:
         results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         results["seconds"] = round(time.monotonic() - began, 1)
         results["targets"] = report.targets(results)
-        json_path, md_path, png_path = report.write(results, out_dir)
+        partial = set(options.only.split(",")) != set(FULL.only.split(","))
+        json_path, md_path, png_path = report.write(results, out_dir, options.only.replace(",", "+") if partial else "")
         print(report.markdown(results))
         _say(f"wrote {json_path}, {md_path.name}, {png_path.name} in {results['seconds']:.0f}s")
         ok = True
