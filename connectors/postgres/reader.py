@@ -42,7 +42,7 @@ import psycopg
 from config.schema import DatabaseConfig, ReplicationSettings
 from connectors.postgres import heartbeat, pgoutput
 from connectors.postgres.buffer import ChangeBuffer, Item
-from connectors.postgres.changes import Action, Change, new_change
+from connectors.postgres.changes import Action, Change
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import (
     PG_EPOCH,
@@ -591,7 +591,7 @@ class SlotReader:
         self._received = max(self._received, start)
         self._txn_idx = idx + 1
         size = len(buf) * _MEMORY_PER_WAL_BYTE
-        self._staged.append(new_change(action, schema.schema, schema.table, schema.key_columns, new, old,
+        self._staged.append(Change(action, schema.schema, schema.table, schema.key_columns, new, old,
                                        commit_lsn, idx, self._txn_ts, self._txn_xid))
         self._staged_sizes.append(size)
         self._staged_size += size
