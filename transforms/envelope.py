@@ -203,7 +203,9 @@ class Envelope:
         consumer: dict[str, Any] = {"name": sink.name}
         if sink.annotations:
             consumer["annotations"] = sink.annotations
-        self._consumer = consumer
+        self._consumer_json = b'"consumer":%s' % to_json(consumer)
+        #: (schema, table, action) -> (subject, payload text): see _route.
+        self._routes: dict[tuple[str, str, str], tuple[str, bytes]] = {}
         self._unix = sink.timestamp_format == "unix_microsecond"
         #: Values rewritten before to_json, by exact type; all others pass untouched.
         self._convert: dict[type, Callable[[Any], Any]] = {
@@ -233,27 +235,32 @@ class Envelope:
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
-        key = b2a_base64(b"%s%d:%d" % (self._key_prefix, lsn, idx), newline=False).decode("ascii")
-        payload = {
-            "record": record,
-            "changes": changes,
-            "action": action,
-            "metadata": {
-                "database_name": self._database,
-                "table_schema": change.schema,
-                "table_name": change.table,
-                "commit_timestamp": self._commit_timestamp(change.commit_ts),
-                "commit_lsn": lsn,
-                "commit_idx": idx,
-                "idempotency_key": key,
-                "consumer": self._consumer,
-            },
-        }
-        return NatsMessage(
-            subject=subject(self._prefix, self._database, change.schema, change.table, action),
-            payload=to_json(payload, inf_nan_mode="strings", fallback=pg_text),
-            msg_id=key,
+        key = b2a_base64(b"%s%d:%d" % (self._key_prefix, lsn, idx), newline=False)
+        route = self._routes.get((change.schema, change.table, action))
+        if route is None:
+            route = self._route(change.schema, change.table, action)
+        payload = b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",%s}}' % (
+            to_json(record, inf_nan_mode="strings", fallback=pg_text),
+            b"null" if changes is None else to_json(changes, inf_nan_mode="strings", fallback=pg_text),
+            route[1],
+            to_json(self._commit_timestamp(change.commit_ts)),
+            lsn,
+            idx,
+            key,
+            self._consumer_json,
         )
+        return NatsMessage(route[0], payload, key.decode("ascii"))
+
+    def _route(self, schema: str, table: str, action: str) -> tuple[str, bytes]:
+        """The subject of a table's changes of one kind, and the payload's text that only
+        depends on them: JSON from ``"action"`` up to the commit timestamp's value."""
+        metadata = to_json(
+            {"database_name": self._database, "table_schema": schema, "table_name": table, "commit_timestamp": None}
+        )
+        head = b'"action":%s,"metadata":%s' % (to_json(action), metadata[: -len(b"null}")])
+        route = (subject(self._prefix, self._database, schema, table, action), head)
+        self._routes[(schema, table, action)] = route
+        return route
 
     def _commit_timestamp(self, ts: datetime) -> datetime | str | int:
         """ISO 8601 UTC with 6 fractional digits and ``Z``, or Unix microseconds.
