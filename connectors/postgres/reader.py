@@ -62,10 +62,15 @@ log = logging.getLogger("walflow.postgres")
 
 #: How many CopyData messages to handle before looking at the clock and the buffer again.
 _READ_BURST = 500
-#: A decoded change takes about this many times its WAL message's bytes in Python objects
-#: (measured: 32 MB of buffered messages grew the process by 219 MB). The buffer counts
-#: estimated memory, so ``buffer_mb`` bounds what the process really holds.
-_MEMORY_PER_WAL_BYTE = 7
+#: What a change costs in memory until JetStream acknowledges it, estimated from its WAL
+#: message's size: the buffer and the epoch budget count this, so ``buffer_mb`` and
+#: ``max_memory_mb`` bound what the process really holds. Measured with tracemalloc on
+#: Sequin's benchmark row: a decoded change is ~1 KB of Python objects plus its text
+#: (1,078 B for a 166 B row, 2,551 B for a 1.6 KB row); its JSON message, kept until
+#: acknowledged, is about its text again. A flat factor (7x, fitted to small rows)
+#: overcounted wide rows 4x, and the epoch budget then throttled them to half speed.
+_MEMORY_PER_CHANGE = 1024
+_MEMORY_PER_WAL_BYTE = 2
 #: The least time between two status updates sent only because the confirmed LSN moved.
 _CONFIRM_GAP = 0.1
 #: walEnd standing still this long (seconds) while connected is logged as a warning.
@@ -545,7 +550,8 @@ class SlotReader:
     def _decode(self, data: memoryview, resolver: TypeResolver) -> None:
         """The full path for any XLogData message: pgoutput's decoder, then :meth:`_on_message`."""
         self._received = max(self._received, xlogdata_start(data))
-        self._on_message(self._decoder.decode(data[XLOGDATA_HEADER:]), len(data) * _MEMORY_PER_WAL_BYTE, resolver)
+        size = _MEMORY_PER_CHANGE + len(data) * _MEMORY_PER_WAL_BYTE
+        self._on_message(self._decoder.decode(data[XLOGDATA_HEADER:]), size, resolver)
 
     def _row(self, data: memoryview, tag: int) -> bool:
         """The short path of an Insert, Update or Delete; False leaves it to :meth:`_decode`:
@@ -590,7 +596,7 @@ class SlotReader:
             return False
         self._received = max(self._received, start)
         self._txn_idx = idx + 1
-        size = len(buf) * _MEMORY_PER_WAL_BYTE
+        size = _MEMORY_PER_CHANGE + len(buf) * _MEMORY_PER_WAL_BYTE
         self._staged.append(Change(action, schema.schema, schema.table, schema.key_columns, new, old,
                                        commit_lsn, idx, self._txn_ts, self._txn_xid))
         self._staged_sizes.append(size)
