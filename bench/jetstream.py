@@ -15,7 +15,15 @@ from typing import Any, TypeVar
 
 import nats
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    Header,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import NotFoundError
 
 T = TypeVar("T")
@@ -25,9 +33,11 @@ T = TypeVar("T")
 #: and a random token behind. nats-py turns the timestamp into a float datetime (µs at best);
 #: latencies want it exact, so it is read from the subject.
 _V1_TOKENS = 9
-#: Flow control of :meth:`JetStream.read`: unacknowledged messages at most, and how often to ack.
-_IN_FLIGHT = 20_000
-_ACK_EVERY = 1_000
+_ACK_PREFIX = "$JS.ACK."
+#: :meth:`JetStream.read`: the consumer's idle heartbeat, and how long without any delivery or
+#: heartbeat means the consumer is lost (then a new one resumes after the last message read).
+_HEARTBEAT = 2.0
+_STALLED = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +49,6 @@ class StoredMessage:
     subject: str
     data: bytes
     msg_id: str
-
-
-def _stored(msg: Msg) -> StoredMessage:
-    tokens = msg.reply.split(".")
-    seq, stamp = (tokens[5], tokens[7]) if len(tokens) == _V1_TOKENS else (tokens[7], tokens[9])
-    msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
-    return StoredMessage(int(seq), int(stamp), msg.subject, msg.data, msg_id)
 
 
 class JetStream:
@@ -120,11 +123,20 @@ class JetStream:
     def read(self, stream: str, limit: int | None = None, timeout: float = 120.0) -> list[StoredMessage]:
         """The stream's messages in order (the first ``limit``).
 
-        One ephemeral push consumer delivers to a plain subscription: nats-py's pull ``fetch``
+        An ephemeral push consumer delivers to a plain subscription: nats-py's pull ``fetch``
         costs ~100 µs a message, which would make reading back a stream take longer than the
-        benchmark. Acknowledging every ``_ACK_EVERY``-th message (ack policy "all") with at most
-        ``_IN_FLIGHT`` unacknowledged is the flow control: without it the server pushes faster
-        than Python reads and drops the connection as a slow consumer.
+        benchmark. The server's flow control bounds what is in flight: it stops pushing once
+        ~32 MB are unanswered and resumes when the flow-control request that follows them is
+        answered, which the callback does after it has taken every message before it. An ack
+        window counted in messages cannot do this: with 20,000 unacknowledged 2 KB messages the
+        server logged "Slow Consumer Detected: MaxPending of 67108864 Exceeded" (64 MB queued
+        for the connection) and closed it; what was queued was never delivered again. The
+        subscription's own limits are off (0 is unlimited in nats-py), so the client drops
+        nothing either.
+
+        Should deliveries still go missing (a gap in the consumer sequence, a heartbeat naming
+        a later delivery than the last one read, or ``_STALLED`` seconds of silence), a new
+        consumer resumes after the last message read.
         """
         return self.run(self._read(stream, limit, timeout))
 
@@ -132,31 +144,81 @@ class JetStream:
         info = await self.js.stream_info(stream)
         want = int(info.state.messages) if limit is None else min(limit, int(info.state.messages))
         out: list[StoredMessage] = []
-        if want == 0:
-            return out
-        done = asyncio.get_running_loop().create_future()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(out) < want:
+            await self._deliver(stream, out, want, deadline)
+        return out
+
+    async def _deliver(self, stream: str, out: list[StoredMessage], want: int, deadline: float) -> None:
+        """Append what one consumer delivers to ``out``, starting after its last message;
+        return when ``out`` holds ``want`` messages or the consumer lost some."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()  # complete, or resume with a new consumer
+        expect = 1  # the consumer sequence of the next delivery
+        heard = 0  # deliveries and heartbeats, for the stall check
+
+        def finish() -> None:
+            if not finished.done():
+                finished.set_result(None)
 
         async def collect(msg: Msg) -> None:
-            if len(out) >= want:
+            nonlocal expect, heard
+            heard += 1
+            if finished.done():
                 return
-            out.append(_stored(msg))
-            if len(out) % _ACK_EVERY == 0:
-                await msg.ack()
-            if len(out) == want and not done.done():
-                done.set_result(None)
+            reply = msg.reply
+            if reply.startswith(_ACK_PREFIX):
+                tokens = reply.split(".")
+                if len(tokens) == _V1_TOKENS:
+                    seq, dseq, stamp = tokens[5], tokens[6], tokens[7]
+                else:
+                    seq, dseq, stamp = tokens[7], tokens[8], tokens[9]
+                if int(dseq) != expect:
+                    finish()
+                    return
+                expect += 1
+                msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+                out.append(StoredMessage(int(seq), int(stamp), msg.subject, msg.data, msg_id))
+                if len(out) >= want:
+                    finish()
+            elif reply:
+                # a flow-control request: every delivery before it has been taken (callbacks run in order)
+                await self.nc.publish(reply)
+            else:
+                # an idle heartbeat: it names the last delivery, and a flow-control request whose answer was lost
+                headers = msg.headers or {}
+                stalled = headers.get(Header.CONSUMER_STALLED)
+                if stalled:
+                    await self.nc.publish(stalled)
+                last = headers.get(Header.LAST_CONSUMER)
+                if last is not None and int(last) >= expect:
+                    finish()
 
+        policy, start = (DeliverPolicy.BY_START_SEQUENCE, out[-1].seq + 1) if out else (DeliverPolicy.ALL, None)
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=collect, pending_msgs_limit=0, pending_bytes_limit=0)
-        consumer = await self.js.add_consumer(
-            stream,
-            ConsumerConfig(
-                deliver_subject=inbox, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.ALL,
-                max_ack_pending=_IN_FLIGHT, ack_wait=timeout, inactive_threshold=60.0,
-            ),
-        )
+        consumer = None
         try:
-            await asyncio.wait_for(done, timeout)
+            consumer = await self.js.add_consumer(
+                stream,
+                ConsumerConfig(
+                    deliver_subject=inbox, deliver_policy=policy, opt_start_seq=start, ack_policy=AckPolicy.NONE,
+                    flow_control=True, idle_heartbeat=_HEARTBEAT, mem_storage=True, num_replicas=1,
+                    inactive_threshold=60.0,
+                ),
+            )
+            while not finished.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"read {len(out):,} of {want:,} messages of stream {stream}")
+                before = heard
+                await asyncio.wait([finished], timeout=min(_STALLED, left))
+                if heard == before and loop.time() < deadline:
+                    finish()
         finally:
             await sub.unsubscribe()
-            await self.js.delete_consumer(stream, consumer.name)
-        return out
+            if consumer is not None:
+                try:
+                    await self.js.delete_consumer(stream, consumer.name)
+                except NotFoundError:
+                    pass
