@@ -150,6 +150,39 @@ def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, de
         runtime.run(publisher.publish([too_big]))
 
 
+def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error(
+    nc: WalflowClient, dest: NatsDestination, names: TestNames
+) -> None:
+    """The server counts headers against max_payload too (and drops the connection over it):
+    a payload a few bytes under the limit must be refused by name, not hang the sink."""
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc)
+    almost = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload - 10), "almost")
+    started = time.monotonic()
+    with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
+        runtime.run(publisher.publish([almost]))
+        runtime.run(publisher.settle())
+    assert time.monotonic() - started < 1.5  # refused before sending, not after an ack timeout
+    assert nc.is_connected
+
+
+def test_a_stream_named_error_is_not_mistaken_for_an_error(nats_srv: Nats, names: TestNames) -> None:
+    dest = _dest(nats_srv, names).model_copy(
+        update={"stream": _dest(nats_srv, names).stream.model_copy(update={"name": "error"})}
+    )
+    client = runtime.run(connect(dest, name="walflow-test"))
+    try:
+        runtime.run(ensure_stream(client, dest, "app", "app"))
+        publisher = _publisher(client)
+        messages = _messages(names.subject_prefix, 5)
+        runtime.run(publisher.publish(messages))
+        runtime.run(publisher.settle())
+        assert publisher.last_seq == 5
+    finally:
+        runtime.run(client.jetstream().delete_stream("error"))
+        runtime.run(client.close())
+
+
 def test_unreachable_nats_is_retried_until_it_comes_up(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> None:
     dest = _dest(nats_srv, names)
     nats_srv.stop()

@@ -76,7 +76,10 @@ class WalflowClient(Client):
         if entry is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
         else:
-            entry[1](subject, data, headers)
+            try:
+                entry[1](subject, data, headers)
+            except Exception:  # an escape would end nats-py's read loop, silently
+                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
 
 
 class _RateLimitedLog:

@@ -39,6 +39,11 @@ log = logging.getLogger("walflow.nats")
 #: JetStream answers these 4xx codes for conditions that pass by themselves.
 _TRANSIENT_4XX = {408, 409, 429}
 _SEQ = re.compile(rb'"seq":\s*(\d+)')
+#: An ack that carries an error object (a stream may well be named "error": match the key).
+_ERROR = re.compile(rb'"error"\s*:')
+#: What the ``Nats-Msg-Id`` header block adds to a message, besides the id itself: the
+#: server's ``max_payload`` limits headers and payload together.
+_HEADER_OVERHEAD = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 #: Once the window is full, wait until this share of it is acknowledged before sending
 #: more: a wake-up per ack would send one message per socket write.
 _REFILL = 4
@@ -184,13 +189,18 @@ class AckPublisher:
                     no_stream = no_stream or isinstance(error, NoStreamError)
                 failed.append(entry)
             self._waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
+            self._failed = False
             if not failed:
-                self._failed = False
                 return
             log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
             while not self._nc.is_connected:  # re-send on a live connection, in order
+                if self._nc.is_closed:  # nats-py gave up on it (e.g. the server refused a command)
+                    raise PermanentPublishError(
+                        f"{self._label}: the NATS connection was closed for good (see the errors above); "
+                        f"{len(failed)} message(s) not stored"
+                    )
                 await asyncio.sleep(delay)
             if no_stream and self._on_no_stream is not None:
                 try:
@@ -237,9 +247,9 @@ class AckPublisher:
         Returns False if not all of them went out (their ``error`` says why; nothing after a
         message that cannot be sent at all is sent): :meth:`settle` must run before anything
         newer, and re-sends the retryable ones in order."""
-        self._inflight.extend(entries)
         nc = self._nc
         if not nc.is_connected:
+            self._inflight.extend(entries)
             reason = "the NATS connection was closed for good (see the errors above)" if nc.is_closed else None
             for entry in entries:
                 entry.error = PublishError(reason or "NATS is disconnected", reason is None)
@@ -249,11 +259,14 @@ class AckPublisher:
         commands: list[bytes] = []
         for entry in entries:
             message = entry.message
-            if len(message.payload) > max_payload:
+            self._inflight.append(entry)
+            size = _HEADER_OVERHEAD + len(message.msg_id) + len(message.payload)
+            if size > max_payload:  # the server would drop the connection: refuse it here, by name
                 entry.error = PublishError(
-                    f"the message is larger than the server's max_payload ({len(message.payload)} bytes)", False
+                    f"the message is larger than the server's max_payload ({size} > {max_payload} bytes "
+                    "with its headers)", False
                 )
-                break
+                break  # nothing after it is sent, nor put in the window
             token += 1
             waiting[token] = entry
             commands.append(
@@ -288,7 +301,7 @@ class AckPublisher:
         if entry is None:
             return  # an ack for a message already given up on (and re-sent)
         found = _SEQ.search(data)
-        if found is not None and b'"error"' not in data:
+        if found is not None and _ERROR.search(data) is None:
             entry.seq = int(found.group(1))
         else:
             entry.error = _ack_error(entry.message.subject, data, headers)
@@ -304,9 +317,9 @@ def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError
     if status.startswith(b"503"):
         return NoStreamError(subject)
     try:
-        error = json.loads(data).get("error") or {}
-    except (ValueError, AttributeError):
+        error = json.loads(data).get("error")
+        code = int(error.get("code", 500))
+    except (ValueError, AttributeError, TypeError):
         return PublishError(f"unreadable acknowledgement {status.decode(errors='replace')} {data[:100]!r}", True)
-    code = int(error.get("code", 500))
     retryable = code >= 500 or code in _TRANSIENT_4XX
     return PublishError(f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})", retryable)
