@@ -693,6 +693,13 @@ def test_annotations_appear_in_consumer_only_when_set() -> None:
                                                "annotations": {"team": "billing", "tier": 1, "tags": ["a"]}}
 
 
+def test_non_finite_annotations_are_strings_as_everywhere_else() -> None:
+    annotated = make_sink(annotations={"ratio": float("nan"), "cap": float("inf")})
+    payload = Envelope(annotated, "app")(make_change()).payload
+    consumer = json.loads(payload, parse_constant=lambda name: pytest.fail(f"bare {name} in {payload!r}"))
+    assert consumer["metadata"]["consumer"]["annotations"] == {"ratio": "NaN", "cap": "Infinity"}
+
+
 def test_metadata_fields() -> None:
     change = make_change(schema="sales", table="orders", lsn=2**40 + 5, idx=12)
     metadata = _payload(Envelope(make_sink(name="s2"), "crm")(change).payload)["metadata"]

@@ -203,7 +203,7 @@ class Envelope:
         consumer: dict[str, Any] = {"name": sink.name}
         if sink.annotations:
             consumer["annotations"] = sink.annotations
-        self._consumer_json = b'"consumer":%s' % to_json(consumer)
+        self._consumer_json = b'"consumer":%s' % to_json(consumer, inf_nan_mode="strings", fallback=pg_text)
         #: (schema, table, action) -> (subject, payload text): see _route.
         self._routes: dict[tuple[str, str, str], tuple[str, bytes]] = {}
         self._unix = sink.timestamp_format == "unix_microsecond"
