@@ -133,6 +133,32 @@ def test_pg_timestamp_at_the_ends_of_the_range() -> None:
             pg_timestamp(us)
 
 
+@pytest.mark.parametrize(
+    ("values", "text_bytes"),
+    [(7, 32), (7, 1500), (100, 0), (200, 0)],  # Sequin's row, its 1.6 KB variant, many small columns
+)
+def test_memory_estimate_covers_what_a_decoded_row_holds(values: int, text_bytes: int) -> None:
+    """The buffer and the epoch budget bound memory only if the estimate is not below it."""
+    import tracemalloc
+    from decimal import Decimal
+
+    from connectors.postgres.reader import change_memory
+
+    names = [f"c{c}" for c in range(values - 1)]  # the table's column names, shared by every row
+
+    def row(i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {name: Decimal(i * 1000 + c).scaleb(-2) for c, name in enumerate(names)}
+        out["text"] = f"{i:032x}" * (text_bytes // 32)
+        return out
+
+    tracemalloc.start()
+    rows = [row(i) for i in range(2000)]
+    held = tracemalloc.get_traced_memory()[0] / len(rows)
+    tracemalloc.stop()
+    wal_bytes = 25 + 8 + values * 5 + text_bytes + (values - 1) * 12  # XLogData + row header + values as text
+    assert change_memory(wal_bytes, values) >= held, (change_memory(wal_bytes, values), held, rows[:0])
+
+
 def test_a_change_pickles_and_is_immutable() -> None:
     ts = datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
     change = Change("update", "s", "t", ("id",), {"id": 1}, {"id": 0}, 77, 3, ts, 9)

@@ -63,14 +63,22 @@ log = logging.getLogger("walflow.postgres")
 #: How many CopyData messages to handle before looking at the clock and the buffer again.
 _READ_BURST = 500
 #: What a change costs in memory until JetStream acknowledges it, estimated from its WAL
-#: message's size: the buffer and the epoch budget count this, so ``buffer_mb`` and
-#: ``max_memory_mb`` bound what the process really holds. Measured with tracemalloc on
-#: Sequin's benchmark row: a decoded change is ~1 KB of Python objects plus its text
-#: (1,078 B for a 166 B row, 2,551 B for a 1.6 KB row); its JSON message, kept until
-#: acknowledged, is about its text again. A flat factor (7x, fitted to small rows)
-#: overcounted wide rows 4x, and the epoch budget then throttled them to half speed.
-_MEMORY_PER_CHANGE = 1024
+#: message's size and its number of column values: the buffer and the epoch budget count
+#: this, so ``buffer_mb`` and ``max_memory_mb`` bound what the process really holds.
+#: Measured with tracemalloc: a decoded change is ~0.5 KB of fixed objects, ~120 B per
+#: column value (dict slot and value object: 13.7 KB for 100 numeric columns), plus its
+#: text; its JSON message, kept until acknowledged, is about its text again (1,078 B
+#: decoded for Sequin's 166 B row, 2,551 B for a 1.6 KB one). A flat 7x of the WAL bytes
+#: overcounted wide text 4x (the epoch budget then held 1.6 KB rows to half speed) and
+#: undercounted many small columns 2x.
+_MEMORY_PER_CHANGE = 512
+_MEMORY_PER_COLUMN = 120
 _MEMORY_PER_WAL_BYTE = 2
+
+
+def change_memory(wal_bytes: int, values: int) -> int:
+    """The estimated memory of a change from a WAL message of ``wal_bytes`` carrying ``values`` column values."""
+    return _MEMORY_PER_CHANGE + _MEMORY_PER_COLUMN * values + _MEMORY_PER_WAL_BYTE * wal_bytes
 #: The least time between two status updates sent only because the confirmed LSN moved.
 _CONFIRM_GAP = 0.1
 #: walEnd standing still this long (seconds) while connected is logged as a warning.
@@ -550,8 +558,7 @@ class SlotReader:
     def _decode(self, data: memoryview, resolver: TypeResolver) -> None:
         """The full path for any XLogData message: pgoutput's decoder, then :meth:`_on_message`."""
         self._received = max(self._received, xlogdata_start(data))
-        size = _MEMORY_PER_CHANGE + len(data) * _MEMORY_PER_WAL_BYTE
-        self._on_message(self._decoder.decode(data[XLOGDATA_HEADER:]), size, resolver)
+        self._on_message(self._decoder.decode(data[XLOGDATA_HEADER:]), len(data), resolver)
 
     def _row(self, data: memoryview, tag: int) -> bool:
         """The short path of an Insert, Update or Delete; False leaves it to :meth:`_decode`:
@@ -596,7 +603,7 @@ class SlotReader:
             return False
         self._received = max(self._received, start)
         self._txn_idx = idx + 1
-        size = _MEMORY_PER_CHANGE + len(buf) * _MEMORY_PER_WAL_BYTE
+        size = change_memory(len(buf), len(new or ()) + len(old or ()))
         self._staged.append(Change(action, schema.schema, schema.table, schema.key_columns, new, old,
                                        commit_lsn, idx, self._txn_ts, self._txn_xid))
         self._staged_sizes.append(size)
@@ -646,13 +653,15 @@ class SlotReader:
         self._staged_sizes = []
         self._staged_size = 0
 
-    def _on_message(self, msg: pgoutput.PgoutputMessage, size: int, resolver: TypeResolver) -> None:
+    def _on_message(self, msg: pgoutput.PgoutputMessage, wal_bytes: int, resolver: TypeResolver) -> None:
         if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
             assert self._txn_lsn is not None, "row change outside a transaction"
             idx = self._txn_idx
             self._txn_idx += 1
             if idx > self._txn_emitted:
-                self._put(self._change(msg, self._txn_lsn, idx), size)
+                change = self._change(msg, self._txn_lsn, idx)
+                values = len(change.new or ()) + len(change.old or ())
+                self._put(change, change_memory(wal_bytes, values))
         elif isinstance(msg, pgoutput.Begin):
             self._begin(msg.final_lsn, msg.commit_ts, msg.xid)
         elif isinstance(msg, pgoutput.Commit):
@@ -668,7 +677,7 @@ class SlotReader:
                     schema = self._relations[relid]
                     change = Change("truncate", schema.schema, schema.table, schema.key_columns, None, None,
                                     self._txn_lsn, idx, self._txn_ts, self._txn_xid)
-                    self._put(change, size)
+                    self._put(change, change_memory(wal_bytes, 0))
         elif isinstance(msg, pgoutput.Message):
             # walflow's heartbeats (others' logical messages are not row changes: not emitted)
             if msg.prefix == heartbeat.PREFIX and (sent := heartbeat.decode(msg.content, self.db.slot.name)):
