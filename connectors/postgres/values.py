@@ -171,6 +171,8 @@ class TableSchema:
         size = len(buf)
         unpack_length = _U32.unpack_from
         out: Row = {}
+        # The 't' and 'b' branches repeat their length handling on purpose: this loop runs
+        # per column of every change, and a helper call per value would cost more than it saves.
         for name, text, binary in plan:
             kind = buf[pos]
             if kind == 116:  # 't'
