@@ -41,9 +41,6 @@ _TRANSIENT_4XX = {408, 409, 429}
 _SEQ = re.compile(rb'"seq":\s*(\d+)')
 #: An ack that carries an error object (a stream may well be named "error": match the key).
 _ERROR = re.compile(rb'"error"\s*:')
-#: What the ``Nats-Msg-Id`` header block adds to a message, besides the id itself: the
-#: server's ``max_payload`` limits headers and payload together.
-_HEADER_OVERHEAD = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 #: Once the window is full, wait until this share of it is acknowledged before sending
 #: more: a wake-up per ack would send one message per socket write.
 _REFILL = 4
@@ -83,9 +80,13 @@ class _InFlight:
         return self.seq > 0 or self.error is not None
 
 
-def hpub(subject: bytes, reply: bytes, msg_id: bytes, payload: bytes) -> bytes:
-    """One ``HPUB`` command carrying ``Nats-Msg-Id``, as the NATS protocol spells it."""
-    headers = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id
+def msg_id_headers(msg_id: str) -> bytes:
+    """The header block that carries ``Nats-Msg-Id``, as the NATS protocol spells it."""
+    return b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
+
+
+def hpub(subject: bytes, reply: bytes, headers: bytes, payload: bytes) -> bytes:
+    """One ``HPUB`` command: ``payload`` with its header block, a reply subject for the ack."""
     return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
         subject, reply, len(headers), len(headers) + len(payload), headers, payload
     )
@@ -260,7 +261,8 @@ class AckPublisher:
         for entry in entries:
             message = entry.message
             self._inflight.append(entry)
-            size = _HEADER_OVERHEAD + len(message.msg_id) + len(message.payload)
+            headers = msg_id_headers(message.msg_id)
+            size = len(headers) + len(message.payload)
             if size > max_payload:  # the server would drop the connection: refuse it here, by name
                 entry.error = PublishError(
                     f"the message is larger than the server's max_payload ({size} > {max_payload} bytes "
@@ -270,7 +272,7 @@ class AckPublisher:
             token += 1
             waiting[token] = entry
             commands.append(
-                hpub(message.subject.encode(), b"%s%d" % (prefix, token), message.msg_id.encode(), message.payload)
+                hpub(message.subject.encode(), b"%s%d" % (prefix, token), headers, message.payload)
             )
         self._token = token
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
