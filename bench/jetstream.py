@@ -77,19 +77,18 @@ class JetStream:
 
     def count(self, stream: str) -> int:
         """Messages in ``stream``; 0 while it does not exist (walflow creates it at startup)."""
-        try:
-            info = self.run(self.js.stream_info(stream))
-        except NotFoundError:
-            return 0
-        return int(info.state.messages)
+        return self._state(stream)[0]
 
     def last_seq(self, stream: str) -> int:
         """The sequence of the last message ``stream`` stored; 0 while it does not exist."""
+        return self._state(stream)[1]
+
+    def _state(self, stream: str) -> tuple[int, int]:
         try:
             info = self.run(self.js.stream_info(stream))
         except NotFoundError:
-            return 0
-        return int(info.state.last_seq)
+            return 0, 0
+        return int(info.state.messages), int(info.state.last_seq)
 
     def add_stream(self, name: str, subjects: list[str]) -> None:
         """A stream as walflow creates one by default (file storage, 2 min duplicate window)."""
