@@ -1,0 +1,149 @@
+"""Source-neutral events: what a source emits, what transforms and sinks read.
+
+A source hands the dataflow :class:`RawChange` items: a row is a tuple of column *texts*,
+the database's own text output of each value, exactly as it arrived (pgoutput sends it,
+and a backfill's ``SELECT`` in text format reads the same). Everything that must happen
+in order on the source's worker — framing, positions, filtering by table, the group key —
+works on those texts and never needs a converted value, so the CPU-heavy part
+(:mod:`transforms.convert` and the envelope) can run on whichever worker owns the key.
+
+:class:`Change` is the same change with values converted (numbers, datetimes, JSON, …);
+the envelope renders it. :class:`Message` is what an envelope produces: payload and id,
+plus the names a sink addresses it by.
+
+All are ``NamedTuple``: immutable, cheap to build, and dropped from the garbage
+collector's lists when they hold no containers. Markers are pickle-stable singletons, so
+``is`` keeps working after an item crossed to another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal, NamedTuple, Self
+
+#: ``read`` is a row a backfill read from the table, not a change the log recorded.
+Action = Literal["insert", "update", "delete", "read", "truncate"]
+
+
+class UnchangedToast:
+    """Marks a TOASTed column whose value the source did not send because the update left it alone."""
+
+    _instance: Self | None = None
+
+    def __new__(cls) -> Self:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED_TOAST"  # unpickles as this module's singleton, so `is` keeps working
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Final = UnchangedToast()
+
+#: One column as the source sent it: its text, None for NULL, or UNCHANGED_TOAST.
+RawValue = bytes | None | UnchangedToast
+#: A row as column texts, in the order of :attr:`Table.columns`.
+RawRow = tuple[RawValue, ...]
+#: A row with converted values, by column name.
+Row = dict[str, Any]
+#: Turns one column text into its Python value (raises for a value Python cannot hold).
+Loader = Callable[[bytes], Any]
+
+
+class Position(NamedTuple):
+    """Where a change stands in the source's total order, and the name it is published under.
+
+    ``lsn`` is the commit LSN of the change's transaction, ``idx`` its index in it: every
+    change has its own, and a replay gives it the same one.
+    """
+
+    lsn: int
+    idx: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Table:
+    """One version of a table's shape, as the source described it when its changes began.
+
+    Changes refer to it rather than copying it, and a new version (after DDL) is a new
+    object, so every change is read with the columns it was written with. Compared by
+    identity: steps cache what they derive from a table per version.
+    """
+
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    #: What identifies a row, the group key's default: the primary key or replica identity
+    #: columns; empty when there are none (the whole table is then one group).
+    key_columns: tuple[str, ...]
+    #: The columns a key-only old row carries (the replica identity's).
+    identity_columns: tuple[str, ...]
+    #: Per column, the loader that converts its text (:mod:`transforms.convert`).
+    loaders: tuple[Loader, ...] = field(repr=False)
+    #: ``schema.table``, as the config writes tables.
+    qualified: str = field(init=False, repr=False)
+    #: Column name → position in a raw row.
+    positions: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qualified", f"{self.schema}.{self.name}")
+        object.__setattr__(self, "positions", {name: i for i, name in enumerate(self.columns)})
+
+
+class RawChange(NamedTuple):
+    """One row change of a committed transaction (or a row a backfill read), values as texts.
+
+    ``new`` is the row after the change (insert, update, read). ``old`` is what the source
+    sent of the row before it: for a delete always, for an update only when the source
+    sends old rows (REPLICA IDENTITY FULL, or a changed key). With ``old_is_key`` it holds
+    values only for :attr:`Table.identity_columns`; the others are absent, not NULL.
+    """
+
+    action: Action
+    table: Table
+    new: RawRow | None
+    old: RawRow | None
+    old_is_key: bool
+    commit_lsn: int
+    commit_idx: int
+    commit_ts: datetime
+    xid: int
+
+    @property
+    def position(self) -> Position:
+        return Position(self.commit_lsn, self.commit_idx)
+
+
+class Change(NamedTuple):
+    """A :class:`RawChange` with its values converted: what the envelope renders."""
+
+    action: Action
+    schema: str
+    table: str
+    key_columns: tuple[str, ...]
+    new: Row | None
+    old: Row | None
+    commit_lsn: int
+    commit_idx: int
+    commit_ts: datetime
+    xid: int
+
+
+class Message(NamedTuple):
+    """An envelope's output: the payload and its idempotency id, and the names a sink addresses it by.
+
+    Compact on purpose: items crossing processes are pickled.
+    """
+
+    schema: str
+    table: str
+    action: str
+    payload: bytes
+    #: The idempotency id (``Nats-Msg-Id``), stable across replays (:mod:`core.ids`).
+    msg_id: str

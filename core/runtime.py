@@ -1,0 +1,104 @@
+"""The process's runtime: built once by the flow, handed to every part, read by health.
+
+It replaces process-global state. It holds:
+
+- the parts that report health (one per replication slot this process reads);
+- the asyncio loop, on its own thread, that async clients (nats-py) run on: Bytewax calls
+  sinks synchronously from its worker threads, which hand coroutines to the loop and
+  wait. Blocking a worker there is deliberate: it is how a slow or absent NATS slows the
+  pipeline down instead of filling memory;
+- what a fatal error does. In ``python -m bytewax.run`` it prints one line and exits with
+  status 2 at once: raised inside a Bytewax callback, the error would come out as a Rust
+  panic and a traceback (and, in a cluster, only as ``Send thread panic``). Stopping
+  abruptly loses nothing: nothing past the problem was confirmed, so a restart after the
+  fix resumes before it. Elsewhere (tests, embedding) the error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from core.errors import FatalError
+
+log = logging.getLogger("walflow")
+
+T = TypeVar("T")
+
+#: Exit status of a fatal error: distinct from a crash's 1.
+FATAL_EXIT = 2
+
+
+class Reporter(Protocol):
+    """A part whose state readiness depends on."""
+
+    def health(self) -> dict[str, object]: ...
+
+
+class Runtime:
+    """What the parts of one walflow process share."""
+
+    def __init__(self, *, exit_on_fatal: bool = False) -> None:
+        self.exit_on_fatal = exit_on_fatal
+        self._lock = threading.Lock()
+        self._reporters: list[Reporter] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- health --------------------------------------------------------------------------
+
+    def register(self, reporter: Reporter) -> None:
+        with self._lock:
+            self._reporters.append(reporter)
+
+    def unregister(self, reporter: Reporter) -> None:
+        with self._lock:
+            if reporter in self._reporters:
+                self._reporters.remove(reporter)
+
+    def health(self) -> list[dict[str, object]]:
+        with self._lock:
+            reporters = list(self._reporters)
+        return [reporter.health() for reporter in reporters]
+
+    # -- the async loop --------------------------------------------------------------------
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The process's asyncio loop, started on first use."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="walflow-async", daemon=True).start()
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result (its exception is raised here)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+
+    # -- failures --------------------------------------------------------------------------
+
+    def fatal(self, exc: FatalError) -> NoReturn:
+        """Stop for an error an operator must act on: one line and exit 2, or raise it."""
+        if not self.exit_on_fatal:
+            raise exc
+        print(f"walflow: {exc}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(FATAL_EXIT)
+
+    @contextmanager
+    def guard(self, label: str) -> Iterator[None]:
+        """Around every call Bytewax makes into walflow: a fatal error stops the process
+        (:meth:`fatal`); anything else is logged before Bytewax sees it, because a Bytewax
+        cluster prints only ``Send thread panic`` in its place."""
+        try:
+            yield
+        except FatalError as exc:
+            self.fatal(exc)
+        except Exception:
+            log.exception("%s failed", label)
+            raise
