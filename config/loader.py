@@ -21,6 +21,7 @@ from pydantic_core import ErrorDetails
 
 from config.interpolate import InterpolationError, interpolate
 from config.schema import Config, Section
+from core.errors import FatalError
 
 log = logging.getLogger("walflow.config")
 
@@ -30,7 +31,7 @@ _SECRET_KEYS = frozenset({"password", "jwt", "nkey_seed", "token"})
 Location = Sequence[str | int]
 
 
-class ConfigError(ValueError):
+class ConfigError(FatalError):
     """The config cannot be used; ``problems`` holds one ``path: message`` line each."""
 
     def __init__(self, source: str, problems: list[str]) -> None:

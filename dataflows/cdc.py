@@ -20,9 +20,10 @@ from bytewax.dataflow import Dataflow
 from config import Config, ConfigError, config_path, load_config
 from config.schema import DatabaseConfig
 from connectors.nats.sink import JetStreamSink
-from connectors.nats.stream import StreamSetupError
-from connectors.postgres.slot import ReplicationSetupError, confirmed_lsn
+from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource
+from core.errors import FatalError
+from core.runtime import FATAL_EXIT, Runtime
 from dataflows.health import serve as serve_health
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
@@ -58,7 +59,8 @@ def database_for(config: Config) -> DatabaseConfig:
     return config.database(name)
 
 
-def build(config: Config) -> Dataflow:
+def build(config: Config, runtime: Runtime) -> Dataflow:
+    """The flow for ``config``; its parts share ``runtime``."""
     db = database_for(config)
     sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
     if not sinks:
@@ -71,7 +73,7 @@ def build(config: Config) -> Dataflow:
     replay_horizon = max(publish.prepare() for publish in publishers.values())
     flow = Dataflow("walflow")
     source = PostgresSource(
-        db, config.walflow.replication, epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon
+        db, config.walflow.replication, runtime, epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon
     )
     changes = op.input("postgres", flow, source)
     for sink in sinks:
@@ -99,20 +101,22 @@ def tune_gc() -> None:
 
 
 def _load() -> Dataflow:
+    """The flow ``python -m bytewax.run`` runs: a fatal error stops the process with one line, exit 2."""
+    runtime = Runtime(exit_on_fatal=True)
     try:
         config = load_config(config_path())
         configure_logging(config.walflow.log_level)
         if config.walflow.health.enabled:
-            serve_health(config.walflow.health.host, config.walflow.health.port)
+            serve_health(runtime, config.walflow.health.host, config.walflow.health.port)
         directory = recovery_dir(sys.argv[1:], os.environ)
         if directory is not None:
             prepare_recovery(directory, config.walflow.recovery_partitions)
-        flow = build(config)
+        flow = build(config, runtime)
         tune_gc()
         return flow
-    except (ConfigError, StreamSetupError, ReplicationSetupError) as exc:
+    except FatalError as exc:
         print(f"walflow: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(FATAL_EXIT) from None
 
 
 flow = _load()

@@ -14,17 +14,19 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from connectors.postgres.reader import READERS
+from core.runtime import Runtime
 
 log = logging.getLogger("walflow.health")
 
 
 class _Handler(BaseHTTPRequestHandler):
+    runtime: Runtime  # set on the subclass that serve() makes
+
     def do_GET(self) -> None:
         if self.path == "/healthz":
             self._reply(200, {"status": "up"})
         elif self.path == "/readyz":
-            readers = [r.health() for r in list(READERS)]
+            readers = self.runtime.health()
             ready = all(r["ready"] for r in readers)
             self._reply(200 if ready else 503, {"status": "ready" if ready else "not ready", "slots": readers})
         else:
@@ -42,10 +44,11 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
-def serve(host: str, port: int) -> ThreadingHTTPServer | None:
-    """Serve health on ``host:port`` from a daemon thread; None if the port is taken."""
+def serve(runtime: Runtime, host: str, port: int) -> ThreadingHTTPServer | None:
+    """Serve ``runtime``'s health on ``host:port`` from a daemon thread; None if the port is taken."""
+    handler = type("Handler", (_Handler,), {"runtime": runtime})
     try:
-        server = ThreadingHTTPServer((host, port), _Handler)
+        server = ThreadingHTTPServer((host, port), handler)
     except OSError as exc:
         log.warning("health endpoint not started on %s:%d: %s", host, port, exc)
         return None

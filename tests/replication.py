@@ -16,6 +16,7 @@ from bytewax.testing import TestingSink, run_main
 from config.schema import DatabaseConfig, ReplicationSettings
 from connectors.postgres.changes import Change
 from connectors.postgres.source import PostgresSource, SlotPartition, SourceState
+from core.runtime import Runtime
 
 
 @contextmanager
@@ -23,7 +24,7 @@ def partition(
     db: DatabaseConfig, settings: ReplicationSettings | None = None, resume: SourceState | None = None
 ) -> Iterator[SlotPartition]:
     """A source partition built and closed as Bytewax does, for tests that drive it by hand."""
-    part = PostgresSource(db, settings or ReplicationSettings()).build_part("pg", db.slot.name, resume)
+    part = PostgresSource(db, settings or ReplicationSettings(), Runtime()).build_part("pg", db.slot.name, resume)
     try:
         yield part
     finally:
@@ -63,7 +64,7 @@ def run_flow(
     """Run a dataflow source → list until everything committed before ``stop_at_lsn`` came out."""
     out: list[Change] = []
     flow = Dataflow("test_pg_source")
-    changes = op.input("pg", flow, PostgresSource(db, settings or ReplicationSettings(), stop_at_lsn=stop_at_lsn))
+    changes = op.input("pg", flow, PostgresSource(db, settings or ReplicationSettings(), Runtime(), stop_at_lsn=stop_at_lsn))
     op.output("out", changes, TestingSink(out))
     config = None
     if recovery is not None:

@@ -15,11 +15,12 @@ from nats.js.api import StreamConfig as JsStreamConfig
 from nats.js.errors import NotFoundError
 
 from config.schema import NatsDestination
+from core.errors import FatalError
 
 log = logging.getLogger("walflow.nats")
 
 
-class StreamSetupError(RuntimeError):
+class StreamSetupError(FatalError):
     """The configured stream cannot hold walflow's events; the message says what to change."""
 
 

@@ -104,9 +104,6 @@ _MALFORMED = (struct.error, IndexError, pgoutput.DecodeError)
 #: An index beyond any transaction's last: "all of it" in ResumePoint.emitted_up_to.
 _WHOLE_TRANSACTION = 1 << 62
 
-#: The readers running in this process, for the health endpoint.
-READERS: set[SlotReader] = set()
-
 #: Errors an operator must act on, with what to do.
 _FATAL_SQLSTATES = {
     "55000": "replication slot '{slot}' can no longer be used: {error}. PostgreSQL invalidated it (its WAL was "
@@ -212,7 +209,6 @@ class SlotReader:
         self._thread.start()
         if self._heartbeats is not None:
             self._heartbeats.start()
-        READERS.add(self)
         return self
 
     def health(self) -> dict[str, object]:
@@ -246,7 +242,6 @@ class SlotReader:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the thread to finish: it confirms what it was told, ends COPY and closes."""
-        READERS.discard(self)
         if self._heartbeats is not None:
             self._heartbeats.stop()
         self._stopping.set()

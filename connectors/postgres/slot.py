@@ -18,11 +18,12 @@ from psycopg import sql
 from config.schema import DatabaseConfig
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import str_to_lsn
+from core.errors import FatalError
 
 log = logging.getLogger("walflow.postgres")
 
 
-class ReplicationSetupError(RuntimeError):
+class ReplicationSetupError(FatalError):
     """The database is not ready for walflow; the message says what to change."""
 
 

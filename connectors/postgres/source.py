@@ -22,6 +22,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from config.schema import DatabaseConfig, ReplicationSettings
 from connectors.postgres.changes import Change
 from connectors.postgres.reader import ResumePoint, SlotReader
+from core.runtime import Runtime
 
 log = logging.getLogger("walflow.postgres")
 
@@ -43,12 +44,14 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
     def __init__(
         self,
         reader: SlotReader,
+        runtime: Runtime,
         batch_size: int,
         epoch_budget: int,
         stop_at_lsn: int | None = None,
         confirm_after: int = 0,
     ) -> None:
         self._reader = reader
+        self._runtime = runtime
         self._confirm_after = confirm_after
         self._batch_size = batch_size
         self._epoch_budget = epoch_budget
@@ -110,6 +113,7 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
         return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx}
 
     def close(self) -> None:
+        self._runtime.unregister(self._reader)
         self._reader.stop()
 
     def _confirm_previous_epoch(self) -> None:
@@ -132,6 +136,7 @@ class PostgresSource(FixedPartitionedSource[Change, SourceState]):
         self,
         db: DatabaseConfig,
         settings: ReplicationSettings,
+        runtime: Runtime,
         *,
         epoch_budget_mb: int = 128,
         stop_at_lsn: int | None = None,
@@ -140,6 +145,7 @@ class PostgresSource(FixedPartitionedSource[Change, SourceState]):
         """``confirm_after``: confirm no position up to this LSN (the sinks' replay horizon)."""
         self.db = db
         self.settings = settings
+        self.runtime = runtime
         self.confirm_after = confirm_after
         self.epoch_budget = epoch_budget_mb * 1024 * 1024
         self.stop_at_lsn = stop_at_lsn
@@ -150,6 +156,7 @@ class PostgresSource(FixedPartitionedSource[Change, SourceState]):
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
         resume = ResumePoint(**resume_state) if resume_state else ResumePoint()
         reader = SlotReader(self.db, self.settings, resume).start()
-        return SlotPartition(reader, self.settings.batch_size, self.epoch_budget, self.stop_at_lsn, self.confirm_after)
+        self.runtime.register(reader)
+        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, self.stop_at_lsn, self.confirm_after)
 
 
