@@ -202,6 +202,20 @@ def slot_active(db: Database) -> bool:
     return bool(row and row[0])
 
 
+def walsender(db: Database) -> tuple[int, str] | None:
+    """(pid, application_name) of the walsender holding the test slot, or None while nobody holds it.
+
+    Tells walflow (``walflow:<slot>``) from a foreign holder and one holder from the next (the pid).
+    """
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT s.active_pid, r.application_name FROM pg_replication_slots s "
+            "JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s",
+            [db.names.slot],
+        ).fetchone()
+    return (int(str(row[0])), str(row[1])) if row else None
+
+
 def delete_stream(url: str, stream: str) -> None:
     """Remove a test's stream if it exists."""
 

@@ -1,4 +1,10 @@
-"""Running the real pipeline (``python -m bytewax.run dataflows.cdc``) from tests, and reading the stream."""
+"""Running the real pipeline (``python -m bytewax.run dataflows.cdc``) from tests, and reading the stream.
+
+Public helpers: :func:`write_config` (a walflow.yaml for a test's database and NATS),
+:func:`pipeline` (the dataflow in its own process), :func:`assert_running` (a ``wait_for``
+check that fails with the pipeline's log once it exited), :func:`stored` / :class:`Stored`
+(what JetStream holds), and ``ROOT`` (the repository).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import yaml
 from nats.js.errors import NotFoundError
+from psycopg.conninfo import conninfo_to_dict
 
 from embedded._process import Account, ServerProcess
+from tests.harness import Database, Nats, TestNames
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +38,46 @@ class Stored:
     subject: str
     msg_id: str
     event: dict[str, Any]
+
+
+def write_config(
+    path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]], **walflow: Any
+) -> Path:
+    """Write ``path/walflow.yaml`` and return its path (the pipeline's log is written next to it).
+
+    The test's database is the one database, named ``shop``, with the test's slot and
+    publication (both created if missing). Every entry of ``sinks`` reads from ``shop`` and
+    publishes to ``nats_srv``; its own keys, and its ``destination`` keys, are merged over
+    those. ``walflow`` keys go under ``walflow:``, over ``log_level: info`` and the health
+    endpoint switched off.
+    """
+    params = conninfo_to_dict(db.dsn)
+    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
+    config = {
+        "databases": [
+            {
+                "name": "shop",
+                "hostname": params["host"],
+                "port": int(str(params["port"])),
+                "database": names.database,
+                "username": params["user"],
+                "slot": {"name": names.slot, "create_if_not_exists": True},
+                "publication": {"name": names.publication, "create_if_not_exists": True},
+            }
+        ],
+        "sinks": [
+            {
+                "database": "shop",
+                **sink,
+                "destination": {"type": "nats", "host": host, "port": int(port), **sink.get("destination", {})},
+            }
+            for sink in sinks
+        ],
+        "walflow": {"log_level": "info", "health": {"enabled": False}, **walflow},
+    }
+    target = path / "walflow.yaml"
+    target.write_text(yaml.safe_dump(config))
+    return target
 
 
 @contextmanager
@@ -48,6 +97,17 @@ def pipeline(
         yield proc
     finally:
         proc.stop(signal.SIGTERM, timeout=15)
+
+
+def assert_running(*procs: ServerProcess) -> None:
+    """Raise ``AssertionError`` with the last 40 log lines of the first of ``procs`` that exited.
+
+    Meant as ``wait_for(..., check=lambda: assert_running(proc))``: a pipeline that died
+    fails the wait at once, with its own explanation, instead of running into the timeout.
+    """
+    for proc in procs:
+        if not proc.running:
+            raise AssertionError(f"the pipeline exited:\n{proc.log_tail(40)}")
 
 
 def stored(url: str, stream: str) -> list[Stored]:

@@ -11,16 +11,16 @@ from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import pipeline, stored
-from tests.test_guarantees import _alive, _setup
+from tests.pipeline import assert_running, pipeline, stored
+from tests.workload import setup_events
 
 
 def test_a_stream_deleted_while_running_is_created_again(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = _setup(database, names, nats_srv, tmp_path)
+    config = setup_events(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         with database.connect() as conn:
             conn.execute("INSERT INTO events VALUES (1, 'before')")
         wait_for(lambda: len(stored(nats_srv.url, names.stream)) == 1, timeout=30, what="the first event")
@@ -35,7 +35,7 @@ def test_a_stream_deleted_while_running_is_created_again(
             conn.execute("INSERT INTO events VALUES (2, 'after')")
         end = database.current_lsn()
         wait_for(lambda: _confirmed(database) >= end, timeout=60, what="delivery into a new stream",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         log = proc.log_tail(100)
     assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [2]
     assert "no stream captures subject" in log
@@ -46,9 +46,9 @@ def test_a_row_over_max_payload_stops_the_pipeline_with_a_clear_error(
 ) -> None:
     """Policy: stop, say which change, confirm nothing past it (raise NATS's max_payload, or
     exclude the table, then restart: the change is delivered then)."""
-    config = _setup(database, names, nats_srv, tmp_path)
+    config = setup_events(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         with database.connect() as conn:
             conn.execute("INSERT INTO events VALUES (1, 'small')")
             big_at = database.current_lsn()

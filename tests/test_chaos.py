@@ -32,9 +32,8 @@ from embedded import wait_for
 from embedded._process import ServerProcess, free_port
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import Stored, pipeline, stored
+from tests.pipeline import Stored, assert_running, pipeline, stored, write_config
 from tests.replication import drain_snapshotting, partition
-from tests.test_end_to_end import write_config
 from transforms.envelope import key_prefix
 
 KILLS = int(os.environ.get("WALFLOW_CHAOS_KILLS", "3"))
@@ -87,8 +86,6 @@ class Writer(threading.Thread):
             conn.execute(f"DELETE FROM {table} WHERE id = %s", [rows.pop(rng.randrange(len(rows)))])
 
 
-
-
 @contextmanager
 def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProcess]]:
     """The pipeline in ``mode``: one process (with or without -r) or a two-process cluster."""
@@ -136,7 +133,7 @@ def test_kill_9_under_load_loses_and_repeats_nothing(
         for _ in range(KILLS):
             with _start(config, mode, recovery) as procs:
                 time.sleep(rng.uniform(1.5, 4.0))  # the chaos itself: a kill at a random moment
-                _all_running(procs)
+                assert_running(*procs)
                 for p in procs:
                     p.kill()
         wait_for(writer.big_done.is_set, timeout=60, what="the large transaction")
@@ -147,7 +144,7 @@ def test_kill_9_under_load_loses_and_repeats_nothing(
     end = database.current_lsn()
     with _start(config, mode, recovery) as procs:
         wait_for(lambda: _confirmed(database) >= end, timeout=180, what="the slot to catch up",
-                 check=lambda: _all_running(procs))
+                 check=lambda: assert_running(*procs))
 
     expected = _reference(database, names, end)
     events = stored(nats_srv.url, names.stream)
@@ -169,12 +166,6 @@ def test_kill_9_under_load_loses_and_repeats_nothing(
     assert out_of_order == []
     print(f"chaos {mode}: {KILLS} kills, {writer.commits} transactions, {len(events)} events, "
           "0 lost, 0 duplicated, 0 out of order")
-
-
-def _all_running(procs: list[ServerProcess]) -> None:
-    for p in procs:
-        if not p.running:
-            raise AssertionError(f"the pipeline exited:\n{p.log_tail(40)}")
 
 
 def _reference(db: Database, names: TestNames, end: int) -> dict[str, tuple[str, str, dict[str, Any]]]:

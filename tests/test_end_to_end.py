@@ -9,56 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
-from psycopg.conninfo import conninfo_to_dict
 
 from embedded import wait_for
-from embedded._process import ServerProcess
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import pipeline, stored
-
-
-def write_config(
-    path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]], **walflow: Any
-) -> Path:
-    params = conninfo_to_dict(db.dsn)
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    config = {
-        "databases": [
-            {
-                "name": "shop",
-                "hostname": params["host"],
-                "port": int(str(params["port"])),
-                "database": names.database,
-                "username": params["user"],
-                "slot": {"name": names.slot, "create_if_not_exists": True},
-                "publication": {"name": names.publication, "create_if_not_exists": True},
-            }
-        ],
-        "sinks": [
-            {
-                "database": "shop",
-                **sink,
-                "destination": {"type": "nats", "host": host, "port": int(port), **sink.get("destination", {})},
-            }
-            for sink in sinks
-        ],
-        "walflow": {"log_level": "info", "health": {"enabled": False}, **walflow},
-    }
-    target = path / "walflow.yaml"
-    target.write_text(yaml.safe_dump(config))
-    return target
-
-
-
-
-
-
-def _alive(proc: ServerProcess) -> None:
-    if not proc.running:
-        raise AssertionError(f"the pipeline exited:\n{proc.log_tail(40)}")
+from tests.pipeline import assert_running, pipeline, stored, write_config
 
 
 @pytest.fixture
@@ -94,12 +50,12 @@ def _run_workload(config: Path, shop: Database) -> None:
     the slot moves only past what JetStream acknowledged."""
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         with shop.connect() as conn:
             _workload(conn)
         end = shop.current_lsn()
         wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
 
 
 def test_the_stream_holds_exactly_the_contracts_messages(
@@ -178,15 +134,15 @@ def test_nats_unreachable_at_start_then_flows(
     nats_srv.stop()
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: "cannot reach NATS" in proc.log_tail(), timeout=30, what="the retry warning",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         nats_srv.start()
         wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         with shop.connect() as conn:
             conn.execute("INSERT INTO customers VALUES (1, 'Ada', NULL)")
         end = shop.current_lsn()
         wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the insert",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
     events = stored(nats_srv.url, names.stream)
     assert [(e.event["action"], e.event["record"]) for e in events] == [("insert", {"id": 1, "name": "Ada", "email": None})]
 

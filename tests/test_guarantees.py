@@ -8,28 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import nats
-import psycopg
 
 from embedded import wait_for
-from embedded._process import ServerProcess
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import pipeline, stored
-from tests.test_end_to_end import write_config
+from tests.pipeline import assert_running, pipeline, stored
+from tests.workload import OUTAGE, Inserter, setup_events
 
-OUTAGE = float(os.environ.get("WALFLOW_OUTAGE_SECONDS", "15"))
 IDLE = float(os.environ.get("WALFLOW_IDLE_SECONDS", "15"))
-
-
-
-
 
 
 def _last_seq(url: str, stream: str) -> int:
@@ -43,74 +34,30 @@ def _last_seq(url: str, stream: str) -> int:
     return asyncio.run(read())
 
 
-def _alive(proc: ServerProcess) -> None:
-    if not proc.running:
-        raise AssertionError(f"the pipeline exited:\n{proc.log_tail(40)}")
-
-
-def _setup(db: Database, names: TestNames, nats_srv: Nats, tmp_path: Path, **stream: Any) -> Path:
-    with db.connect() as conn:
-        conn.execute("CREATE TABLE events (id int PRIMARY KEY, payload text)")
-        conn.execute("CREATE TABLE busy (id bigserial PRIMARY KEY, payload text)")
-        conn.execute(f"CREATE PUBLICATION {names.publication} FOR TABLE events")
-    sink = {"name": "g", "destination": {"subject_prefix": names.subject_prefix,
-                                         "stream": {"name": names.stream, **stream}}}
-    return write_config(tmp_path, db, nats_srv, names, [sink])
-
-
-class Inserter(threading.Thread):
-    """Inserts rows 1, 2, 3, … into ``events`` at about ``rate`` a second until stopped.
-
-    It rides out Postgres restarts: a row whose commit it could not see is inserted again
-    (``ON CONFLICT DO NOTHING`` makes that a no-op if the first attempt did commit).
-    """
-
-    def __init__(self, dsn: str, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.rate = dsn, rate
-        self.stop = threading.Event()
-        self.count = 0
-
-    def run(self) -> None:
-        started = time.monotonic()
-        while not self.stop.is_set():
-            try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
-                    while not self.stop.is_set():
-                        conn.execute("INSERT INTO events VALUES (%s, repeat('x', 100)) ON CONFLICT DO NOTHING",
-                                     [self.count + 1])
-                        self.count += 1
-                        ahead = self.count / self.rate - (time.monotonic() - started)
-                        if ahead > 0:
-                            self.stop.wait(ahead)  # a load generator's pacing, not synchronisation
-            except psycopg.OperationalError:
-                self.stop.wait(0.2)  # the server is restarting: try again
-
-
 def test_nats_outage_under_load_holds_the_slot_and_loses_nothing(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = _setup(database, names, nats_srv, tmp_path)
+    config = setup_events(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         writer = Inserter(database.dsn, rate=500)
         writer.start()
         wait_for(lambda: len(stored(nats_srv.url, names.stream)) > 500, timeout=60, what="traffic",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         last_before = _last_seq(nats_srv.url, names.stream)  # taken just before the stop: nothing can land after
         nats_srv.stop()
         samples = []
         deadline = time.monotonic() + OUTAGE
         while time.monotonic() < deadline:
             samples.append(_confirmed(database))
-            _alive(proc)
+            assert_running(proc)
             time.sleep(0.5)  # sampling the slot during the outage
         nats_srv.start()
         writer.stop.set()
         writer.join(10)
         end = database.current_lsn()
         wait_for(lambda: _confirmed(database) >= end, timeout=120, what="the slot to catch up",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
     events = stored(nats_srv.url, names.stream)
     ids = [e.event["record"]["id"] for e in events]
     assert sorted(ids) == list(range(1, writer.count + 1))  # all of them, each once
@@ -125,9 +72,9 @@ def test_nats_outage_under_load_holds_the_slot_and_loses_nothing(
 def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = _setup(database, names, nats_srv, tmp_path)
+    config = setup_events(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         lags = []
         with database.connect() as conn:
             started = time.monotonic()
@@ -147,7 +94,7 @@ def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
                     assert row is not None
                     lags.append(int(str(row[0])))
                     next_sample += 1
-        _alive(proc)
+        assert_running(proc)
     written_mb = database.current_lsn() / 1e6
     assert len(lags) >= 5
     print(f"idle publication: slot lag max {max(lags) / 1e6:.2f} MB, median {sorted(lags)[len(lags) // 2] / 1e6:.2f} MB"
@@ -158,20 +105,20 @@ def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
 def test_a_replay_after_the_duplicate_window_publishes_nothing_twice(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = _setup(database, names, nats_srv, tmp_path, duplicate_window_ms=100)
+    config = setup_events(database, names, nats_srv, tmp_path, duplicate_window_ms=100)
     with pipeline(config, "-s", "10") as proc:  # long epochs: stored in JetStream long before confirmed
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         with database.connect() as conn:
             for i in range(1, 51):
                 conn.execute("INSERT INTO events VALUES (%s, 'x')", [i])
         end = database.current_lsn()
         wait_for(lambda: len(stored(nats_srv.url, names.stream)) == 50, timeout=60, what="the 50 events",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         assert _confirmed(database) < end  # not confirmed yet: a restart will replay them
         proc.kill()
     time.sleep(0.3)  # let the stream's 100 ms duplicate window pass: JetStream will not dedupe
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the replay", check=lambda: _alive(proc))
+        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the replay", check=lambda: assert_running(proc))
         log = proc.log_tail(100)
     events = stored(nats_srv.url, names.stream)
     assert sorted(e.event["record"]["id"] for e in events) == list(range(1, 51))

@@ -15,9 +15,7 @@ from embedded._process import free_port
 from tests.harness import Database, Nats, Postgres, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import pipeline
-from tests.test_end_to_end import write_config
-from tests.test_guarantees import _alive
+from tests.pipeline import assert_running, pipeline, write_config
 
 
 def _ready(port: int) -> tuple[int, dict[str, Any]]:
@@ -43,15 +41,15 @@ def test_heartbeats_move_an_idle_slot_and_readiness_follows_replication(
                           health={"enabled": True, "port": port}, replication={"heartbeat_interval_ms": 500})
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: _ready(port)[0] == 200 and bool(_ready(port)[1]["slots"]), timeout=60, what="readiness",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         (slot,) = _ready(port)[1]["slots"]
         assert slot["slot"] == names.slot and slot["connected"] and slot["heartbeat_rtt_ms"] < 1000
         first = _confirmed(database)
         wait_for(lambda: _confirmed(database) > first, timeout=30, what="heartbeats to move the idle slot")
         pg.stop()
         wait_for(lambda: _ready(port)[0] == 503, timeout=30, what="not ready while Postgres is down",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         assert _ready(port)[1]["slots"][0]["connected"] is False
         pg.start()
-        wait_for(lambda: _ready(port)[0] == 200, timeout=60, what="ready again", check=lambda: _alive(proc))
+        wait_for(lambda: _ready(port)[0] == 200, timeout=60, what="ready again", check=lambda: assert_running(proc))
         assert _slot_active(database)

@@ -16,14 +16,12 @@ import pytest
 
 from connectors.postgres.slot import ReplicationSetupError
 from embedded import PostgresServer, wait_for
-from tests.harness import Database, Nats, TestNames
+from tests.harness import Database, Nats, TestNames, walsender
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import pipeline, stored
+from tests.pipeline import assert_running, pipeline, stored, write_config
 from tests.replication import drain, partition
-from tests.test_end_to_end import write_config
-from tests.test_faults import _walsender
-from tests.test_guarantees import OUTAGE, Inserter, _alive, _setup
+from tests.workload import OUTAGE, Inserter, setup_events
 
 CATCHUP_MB = int(os.environ.get("WALFLOW_CATCHUP_MB", "300"))
 
@@ -55,7 +53,7 @@ def test_a_long_catch_up_is_not_mistaken_for_a_stall(
                           replication={"wal_sender_timeout_ms": 2000, "status_interval_ms": 500})
     began = time.monotonic()
     with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _confirmed(database) >= end, timeout=600, what="the catch-up", check=lambda: _alive(proc))
+        wait_for(lambda: _confirmed(database) >= end, timeout=600, what="the catch-up", check=lambda: assert_running(proc))
         took = time.monotonic() - began
         log = proc.log_tail(300)
     print(f"catch-up over {(end - start) / 1e6:.0f} MB of unpublished WAL: {took:.1f}s, no reconnect")
@@ -66,32 +64,32 @@ def test_a_long_catch_up_is_not_mistaken_for_a_stall(
 def test_nats_away_with_a_small_memory_bound(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = _setup(database, names, nats_srv, tmp_path)
+    config = setup_events(database, names, nats_srv, tmp_path)
     config.write_text(config.read_text().replace(
         "walflow:\n", "walflow:\n  max_memory_mb: 8\n  replication: {buffer_mb: 4, wal_sender_timeout_ms: 5000,"
         " status_interval_ms: 1000}\n"))
     with pipeline(config, "-s", "1") as proc:
         assert proc.pid is not None
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: _alive(proc))
+        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         writer = Inserter(database.dsn, rate=3000)
         writer.start()
         wait_for(lambda: writer.count > 3000, timeout=30, what="load")
-        walsender = _walsender(database)
+        holder = walsender(database)
         baseline = _rss_mb(proc.pid)
         nats_srv.stop()
         peak = baseline
         deadline = time.monotonic() + OUTAGE
         while time.monotonic() < deadline:
             peak = max(peak, _rss_mb(proc.pid))
-            _alive(proc)
+            assert_running(proc)
             time.sleep(0.25)  # sampling memory during the outage
         backlog = writer.count
         nats_srv.start()
         writer.stop.set()
         writer.join(10)
-        assert _walsender(database) == walsender  # the walsender was kept alive all along
+        assert walsender(database) == holder  # the walsender was kept alive all along
         end = database.current_lsn()
-        wait_for(lambda: _confirmed(database) >= end, timeout=180, what="the backlog", check=lambda: _alive(proc))
+        wait_for(lambda: _confirmed(database) >= end, timeout=180, what="the backlog", check=lambda: assert_running(proc))
     print(f"NATS away {OUTAGE:.0f}s at 3000 rows/s ({backlog} rows): RSS {baseline:.0f} MB -> peak {peak:.0f} MB "
           "(bounds: max_memory_mb 8 + buffer_mb 4)")
     assert peak - baseline < 8 + 4 + 40  # the bounds plus a fixed overhead, whatever the outage's length

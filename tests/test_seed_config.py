@@ -25,8 +25,7 @@ from psycopg.conninfo import make_conninfo
 
 from connectors.postgres.protocol import str_to_lsn
 from embedded import NatsServer, PostgresServer, wait_for
-from embedded._process import ServerProcess
-from tests.pipeline import ROOT, Stored, pipeline
+from tests.pipeline import ROOT, Stored, assert_running, pipeline
 
 SEED = ROOT / "config" / "examples" / "sequin-seed.yaml"
 NATS_USER, NATS_PASSWORD = "nats", "nats-password"
@@ -129,18 +128,13 @@ def _confirmed(server: PostgresServer) -> int:
     return str_to_lsn(lsn) if lsn else 0
 
 
-def _alive(proc: ServerProcess) -> None:
-    if not proc.running:
-        raise AssertionError(f"the pipeline exited:\n{proc.log_tail(40)}")
-
-
 def test_seed_config_runs_unchanged(
     seed_pg: PostgresServer, seed_nats: NatsServer, tls_files: TlsFiles, tmp_path: Path
 ) -> None:
     config = _seed_with_ports(tmp_path / "sequin-seed.yaml", seed_pg.port, seed_nats.port)
     with pipeline(config, "-s", "1", env={"SSL_CERT_FILE": str(tls_files.ca)}) as proc:
         wait_for(lambda: _slot_active(seed_pg), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         with psycopg.connect(make_conninfo(seed_pg.dsn("abc"), user="sequin"), autocommit=True) as conn:
             conn.execute("INSERT INTO users VALUES (1, 'ada@example.com')")
             with conn.transaction():
@@ -154,7 +148,7 @@ def test_seed_config_runs_unchanged(
         end = str_to_lsn(str(written[0]))
         # the slot moves only past what JetStream acknowledged: once it passed the writes, all of it is stored
         wait_for(lambda: _confirmed(seed_pg) >= end, timeout=60, what="the slot to pass the writes",
-                 check=lambda: _alive(proc))
+                 check=lambda: assert_running(proc))
         with psycopg.connect(seed_pg.dsn("abc"), autocommit=True) as conn:
             walsender_ssl = conn.execute(
                 "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_replication r USING (pid) WHERE r.application_name = %s",
