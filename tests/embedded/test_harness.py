@@ -19,8 +19,7 @@ from nats.js.api import StreamConfig
 from embedded import NatsServer, PostgresNotFound, PostgresServer, wait_for
 from embedded._process import sweep_stale_dirs
 from tests.harness import Database, Nats, Postgres, TestNames, alive, children_of
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.pipeline import ROOT
 
 
 def test_postgres_slot_streams_pgoutput(database: Database, names: TestNames) -> None:

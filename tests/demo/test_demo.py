@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.pipeline import ROOT
 
 
 def _cmdlines() -> list[str]:
