@@ -3,14 +3,51 @@
 pgoutput sends each value as its type's text output; psycopg already knows how to parse
 that for every built-in type, so walflow never parses a type by hand. What this adds:
 
-- **Custom types** are resolved by OID on a normal connection (the replication connection
-  cannot run parameterised queries): a domain loads as its base type, an array of a
+- **Custom types** are resolved by OID (the replication connection cannot run
+  parameterised queries): a domain loads as its base type, an array of a
   domain/enum/custom type gets an array loader over the element's effective type, custom
   ranges are registered, enums stay strings. Anything else falls back to its text.
+- **oidvector, int2vector** (``1 2 3``) load as lists of ints, and their arrays as lists
+  of those, through psycopg's ``oid[]``/``int2[]`` loaders.
+- **inet, cidr** and their arrays load as Postgres's own text (``str``): Python's
+  :mod:`ipaddress` would rewrite some of them (``::ffff:1.2.3.4`` → ``::ffff:102:304``).
 - **json/jsonb** load with orjson where it gives what ``json.loads`` gives (about 7x faster
   for small documents): see :func:`json_loads`.
-- **The key** of a table under REPLICA IDENTITY FULL (which flags every column) is its
-  primary key, read from the catalog.
+
+These loaders are registered on the catalog's own connection, not globally.
+
+**Which loader a type OID gets** is decided by the first of these that applies, once per
+OID per run:
+
+1. psycopg has a loader for the OID itself (every built-in type it knows, plus the
+   above): that loader.
+2. pgoutput's Type message (``Y``, sent before the Relation that uses a type with an OID
+   of 10000 or more; for a domain it names the *base* type, read from the catalog as of
+   the change) named a built-in ``pg_catalog`` type that psycopg knows by that name, or an
+   array of one (``_int4``): that type's loader. No catalog lookup, so a domain dropped
+   before walflow read its changes still loads as its base type.
+3. The current catalog (``pg_type``): domain → its base type, array → an array loader
+   over its element's effective type, range → registered; enums and anything else load
+   as their text.
+4. The catalog no longer has the type: its text, with one warning.
+
+So a type gone from the catalog by the time walflow reads the change falls back to text
+only when pgoutput's Type message did not name a built-in base type (an enum, a composite,
+an array of a custom type, a domain over one of those).
+
+**The key** of a table (what groups its changes, so that one row's changes stay in order):
+
+- REPLICA IDENTITY DEFAULT/INDEX/NOTHING: the identity columns the Relation flags.
+- REPLICA IDENTITY FULL (which flags every column, so the message does not say): the key
+  columns this run already used for the relation OID, as long as they are all still
+  among its columns (a DDL does not move a row to another partition); for a relation OID
+  not seen before, its primary key, read from the current catalog.
+- Otherwise the whole table is one group (``key_columns == ()``), which keeps every row's
+  changes in order, with one warning per table saying why: a FULL table whose primary key
+  is not in the catalog (it never had one, or the table or key was dropped before walflow
+  read its changes), whose primary key is not among its published columns, or whose key
+  columns are gone. A relation already keyed never switches to another key, nor to one
+  group while its key columns exist; one that became one group stays one for the run.
 
 Values a loader cannot represent (``infinity`` dates, BC timestamps) are not this module's
 concern: :mod:`transforms.convert` falls back to their text.
@@ -23,16 +60,18 @@ import logging
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import orjson
 import psycopg
 from psycopg import pq
-from psycopg.adapt import Transformer
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import RecursiveLoader, Transformer
 from psycopg.types import TypeInfo
 from psycopg.types.array import register_array
 from psycopg.types.json import set_json_loads
 from psycopg.types.range import RangeInfo, register_range
+from psycopg.types.string import TextLoader
 
 from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
 from connectors.postgres.relations import Relation, TypeName
@@ -44,6 +83,16 @@ log = logging.getLogger("walflow.postgres.types")
 _LONG_DIGITS: Final = re.compile(rb"\d{19}")
 _JSON_OIDS: Final = frozenset({114, 3802})  # json, jsonb
 _TIMESTAMPTZ_OID: Final = 1184
+_INT2_ARRAY_OID: Final = 1005
+_OID_ARRAY_OID: Final = 1028
+_INT2VECTOR_OID: Final = 22
+_OIDVECTOR_OID: Final = 30
+_INET_OID: Final = 869
+_CIDR_OID: Final = 650
+#: OIDs below this are assigned by initdb's catalog data (FirstGenbkiObjectId): built-in.
+_FIRST_GENBKI_OID: Final = 10000
+#: pgoutput sends pg_catalog as an empty namespace (logicalrep_write_namespace).
+_PG_CATALOG: Final = frozenset({"", "pg_catalog"})
 
 _PRIMARY_KEY_QUERY = """
 SELECT a.attname
@@ -76,6 +125,38 @@ def json_loads(data: str | bytes) -> Any:
     return json.loads(data)
 
 
+class _VectorLoader(RecursiveLoader):
+    """``int2vector``/``oidvector`` text (``1 2 3``, space-separated) as a list of ints:
+    rewritten as an array literal (``{1,2,3}``) for psycopg's array loader of the element."""
+
+    array_oid: ClassVar[int]
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._load: Callable[[bytes], list[int]] = self._tx.get_loader(self.array_oid, pq.Format.TEXT).load
+
+    def load(self, data: Buffer) -> list[int]:
+        return self._load(b"{" + bytes(data).replace(b" ", b",") + b"}")
+
+
+class _Int2VectorLoader(_VectorLoader):
+    array_oid = _INT2_ARRAY_OID
+
+
+class _OidVectorLoader(_VectorLoader):
+    array_oid = _OID_ARRAY_OID
+
+
+def _register_loaders(conn: psycopg.Connection[Any]) -> None:
+    """The loaders walflow wants instead of psycopg's defaults, on ``conn`` only. Arrays of
+    these types (psycopg knows their OIDs) pick up the element loaders from the same map."""
+    set_json_loads(json_loads, conn)
+    conn.adapters.register_loader(_INT2VECTOR_OID, _Int2VectorLoader)
+    conn.adapters.register_loader(_OIDVECTOR_OID, _OidVectorLoader)
+    conn.adapters.register_loader(_INET_OID, TextLoader)  # Postgres's own text, never ipaddress's
+    conn.adapters.register_loader(_CIDR_OID, TextLoader)
+
+
 def _commit_time(raw: bytes) -> datetime:
     try:
         return pg_timestamp(int.from_bytes(raw, signed=True))
@@ -84,26 +165,41 @@ def _commit_time(raw: bytes) -> datetime:
 
 
 class Catalog:
-    """Loaders by type OID and tables by relation, looked up once each on a normal connection."""
+    """Loaders by type OID and tables by relation, looked up once each on a normal connection.
+
+    The decoder calls :meth:`type_seen` for each Type message and :meth:`describe` for each
+    Relation message, in the order they arrive (pgoutput sends a relation's Type messages
+    before it), and reads :attr:`commit_time` once.
+    """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        """``conn``: a normal connection made by :func:`~connectors.postgres.connection.conninfo`
+        (its pinned settings), used by the catalog alone: the loaders above are registered on it."""
         self._conn = conn
-        set_json_loads(json_loads, conn)
+        _register_loaders(conn)
         self._tx = Transformer(conn)
         self._effective: dict[int, int] = {}
+        #: Type OID → (namespace, name) of its base type, as pgoutput's Type messages said.
+        self._type_names: dict[int, tuple[str, str]] = {}
+        #: Relation OID → the key columns used for it in this run (``()``: one group).
+        self._keys: dict[int, tuple[str, ...]] = {}
         self._commit_time: Callable[[bytes], datetime] | None = None
 
     def type_seen(self, type_name: TypeName) -> None:
-        """pgoutput named a custom type before the relation that uses it."""
+        """pgoutput named a custom type (for a domain, its base type) before the relation that uses it."""
+        named = (type_name.namespace, type_name.name)
+        if self._type_names.get(type_name.oid, named) != named:
+            self._effective.pop(type_name.oid, None)  # the OID names another type now: resolve it again
+        self._type_names[type_name.oid] = named
 
     def describe(self, relation: Relation) -> Table:
         """The :class:`Table` that the changes following ``relation`` are read with."""
         identity = tuple(c.name for c in relation.columns if c.is_key)
-        if relation.replica_identity == "f":  # every column is flagged: ask for the primary key
-            rows = self._conn.execute(_PRIMARY_KEY_QUERY, [relation.relid]).fetchall()
-            keys = tuple(str(name) for (name,) in rows)
+        if relation.replica_identity == "f":  # every column is flagged: the key is not in the message
+            keys = self._full_key(relation)
         else:
             keys = identity
+        self._keys[relation.relid] = keys
         return Table(
             schema=relation.namespace or "pg_catalog",
             name=relation.name,
@@ -112,6 +208,31 @@ class Catalog:
             identity_columns=identity,
             loaders=tuple(self.loader(c.type_oid) for c in relation.columns),
         )
+
+    def _full_key(self, relation: Relation) -> tuple[str, ...]:
+        """The key of a REPLICA IDENTITY FULL relation: see the module docstring."""
+        columns = {c.name for c in relation.columns}
+        previous = self._keys.get(relation.relid)
+        if previous is not None:
+            if all(name in columns for name in previous):
+                return previous  # also () : a relation that is one group stays one group
+            why = f"its key columns ({', '.join(previous)}) are no longer all among its columns"
+        else:
+            rows = self._conn.execute(_PRIMARY_KEY_QUERY, [relation.relid]).fetchall()
+            primary = tuple(str(name) for (name,) in rows)
+            if primary and all(name in columns for name in primary):
+                return primary
+            if primary:
+                why = f"its primary key ({', '.join(primary)}) is not among its published columns"
+            else:
+                why = "it has no primary key in the catalog (it has none, or it was dropped before walflow read its changes)"
+        log.warning(
+            "table %s.%s (REPLICA IDENTITY FULL): its changes are kept in order as one group, because %s",
+            relation.namespace or "pg_catalog",
+            relation.name,
+            why,
+        )
+        return ()
 
     def loader(self, oid: int) -> Loader:
         """What converts a value of type ``oid`` from its text."""
@@ -128,8 +249,12 @@ class Catalog:
         return self._effective[oid]
 
     def _resolve(self, oid: int) -> int:
+        """The rule of the module docstring, in its order."""
         if self._conn.adapters.get_loader(oid, pq.Format.TEXT) is not None:
             return oid
+        named = self._builtin(oid)
+        if named is not None:
+            return named
         row = self._conn.execute(_CATALOG_QUERY, [oid]).fetchone()
         if row is None:
             log.warning("type OID %s is not in pg_type; its values are passed as text", oid)
@@ -148,6 +273,18 @@ class Catalog:
                 register_range(range_info, self._conn)
                 return oid
         return oid  # enums load as their label (str); composites and others as their text
+
+    def _builtin(self, oid: int) -> int | None:
+        """The built-in type a Type message named for ``oid``, if psycopg knows it by name."""
+        namespace, name = self._type_names.get(oid, (None, ""))
+        if namespace not in _PG_CATALOG:
+            return None
+        array = name.startswith("_")  # a built-in array type is named _ + its element's name
+        info = self._conn.adapters.types.get(name[1:] if array else name)
+        if info is None or info.oid >= _FIRST_GENBKI_OID or info.name != (name[1:] if array else name):
+            return None
+        found = info.array_oid if array else info.oid
+        return found or None
 
     @property
     def commit_time(self) -> Callable[[bytes], datetime]:

@@ -1,0 +1,299 @@
+"""The catalog against a real PostgreSQL: loaders for the types pgoutput sends as text, the
+resolution rule for types gone from the catalog, and the key of a table under DDL.
+
+Values are the server's text output (what pgoutput sends: the type's output function),
+read raw from a connection made as walflow makes it, with its pinned settings. Relations
+are built from the catalog as pgoutput would describe them at the time of the change; the
+DDL that follows is what walflow, lagging behind, finds when it reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from connectors.postgres.connection import conninfo
+from connectors.postgres.relations import Column, Relation, TypeName
+from connectors.postgres.types import Catalog
+from tests.harness import Database
+
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+@pytest.fixture
+def conn(database: Database) -> Iterator[Conn]:
+    with psycopg.connect(conninfo(database.config(), application_name="walflow-test"), autocommit=True) as conn:
+        yield conn
+
+
+def output(conn: Conn, expression: str) -> bytes:
+    """The server's text output of ``expression``, as pgoutput sends it (no psycopg loader)."""
+    result = conn.pgconn.exec_(f"SELECT {expression}".encode())
+    assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.get_error_message()
+    value = result.get_value(0, 0)
+    assert value is not None
+    return value
+
+
+def oid_of(conn: Conn, expression: str) -> int:
+    row = conn.execute(f"SELECT {expression}::oid").fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+def relation_of(conn: Conn, table: str) -> Relation:
+    """What pgoutput's Relation message says about ``table`` now: under FULL every column is
+    flagged, else the primary key's columns."""
+    row = conn.execute(
+        "SELECT c.oid, n.nspname, c.relname, c.relreplident FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::regclass",
+        [table],
+    ).fetchone()
+    assert row is not None
+    relid, namespace, name, identity = int(str(row[0])), str(row[1]), str(row[2]), str(row[3])
+    columns = conn.execute(
+        "SELECT a.attname, a.atttypid, a.atttypmod,"
+        " coalesce(a.attnum = ANY (i.indkey::int2[]), false)"
+        " FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary"
+        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        [relid],
+    ).fetchall()
+    return Relation(
+        relid,
+        namespace,
+        name,
+        identity,
+        tuple(
+            Column(str(col), int(str(oid)), int(str(typmod)), identity == "f" or bool(pk))
+            for col, oid, typmod, pk in columns
+        ),
+    )
+
+
+def without(relation: Relation, *names: str) -> Relation:
+    """The relation as a later Relation message would describe it once ``names`` are dropped."""
+    columns = tuple(c for c in relation.columns if c.name not in names)
+    return Relation(relation.relid, relation.namespace, relation.name, relation.replica_identity, columns)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+# -- oidvector, int2vector --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("'1 2 3'::int2vector", [1, 2, 3]),
+        ("'-32768 32767'::int2vector", [-32768, 32767]),
+        ("''::int2vector", []),
+        ("'1 2 4294967295'::oidvector", [1, 2, 4294967295]),
+        ("'26'::oidvector", [26]),
+        ("ARRAY['1 2'::int2vector, '3'::int2vector, NULL]", [[1, 2], [3], None]),
+        ("ARRAY['1 2'::oidvector, ''::oidvector]", [[1, 2], []]),
+        ("'{}'::int2vector[]", []),
+    ],
+)
+def test_vectors_load_as_lists_of_ints(conn: Conn, expression: str, expected: object) -> None:
+    catalog = Catalog(conn)
+    oid = oid_of(conn, f"pg_typeof({expression})")
+    assert oid in {22, 30, 1006, 1013}
+    assert catalog.loader(oid)(output(conn, expression)) == expected
+
+
+def test_a_catalog_column_of_type_int2vector(conn: Conn) -> None:
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, keys int2vector, types oidvector)")
+    catalog = Catalog(conn)
+    table = catalog.describe(relation_of(conn, "t"))
+    keys, types = table.loaders[1:]
+    assert keys(output(conn, "indkey FROM pg_index WHERE indrelid = 't'::regclass")) == [1]
+    assert types(output(conn, "proargtypes FROM pg_proc WHERE oid = 'int4pl'::regproc")) == [23, 23]
+
+
+# -- inet, cidr -------------------------------------------------------------------------------
+
+_NETWORKS = [
+    "'::ffff:1.2.3.4/128'::inet",
+    "'::ffff:1.2.3.4/120'::inet",
+    "'::ffff:1.2.3.4/128'::cidr",
+    "'::ffff:1.2.3.0/120'::cidr",
+    "'1.2.3.4'::inet",
+    "'192.168.1.5/24'::inet",
+    "'10.0.0.0/8'::cidr",
+    "'2001:db8::1/64'::inet",
+]
+
+
+@pytest.mark.parametrize("expression", _NETWORKS)
+def test_networks_load_as_postgres_own_text(conn: Conn, expression: str) -> None:
+    catalog = Catalog(conn)
+    text = output(conn, expression)
+    assert catalog.loader(oid_of(conn, f"pg_typeof({expression})"))(text) == text.decode()
+
+
+def test_ipv4_mapped_ipv6_is_not_rewritten(conn: Conn) -> None:
+    catalog = Catalog(conn)
+    assert output(conn, "'::ffff:1.2.3.4/128'::cidr") == b"::ffff:1.2.3.4/128"
+    assert catalog.loader(650)(b"::ffff:1.2.3.4/128") == "::ffff:1.2.3.4/128"  # ipaddress: ::ffff:102:304/128
+    assert catalog.loader(869)(b"::ffff:1.2.3.4/128") == "::ffff:1.2.3.4/128"
+
+
+@pytest.mark.parametrize("kind", ["inet", "cidr"])
+def test_network_arrays_and_domains_load_as_str(conn: Conn, kind: str) -> None:
+    conn.execute(f"CREATE DOMAIN net AS {kind}")
+    catalog = Catalog(conn)
+    elements = [e for e in _NETWORKS if e.endswith(kind)]
+    array = f"ARRAY[{', '.join(elements)}, NULL]"
+    expected = [output(conn, e).decode() for e in elements] + [None]
+    assert catalog.loader(oid_of(conn, f"'{kind}[]'::regtype"))(output(conn, array)) == expected
+    assert catalog.loader(oid_of(conn, "'net'::regtype"))(output(conn, elements[0])) == expected[0]
+    assert catalog.loader(oid_of(conn, "'net[]'::regtype"))(output(conn, array)) == expected
+
+
+# -- type resolution when the type is gone -----------------------------------------------------
+
+
+@pytest.mark.parametrize("namespace", ["", "pg_catalog"])  # pgoutput sends pg_catalog as ""
+def test_a_dropped_domain_loads_as_the_base_type_its_type_message_named(
+    conn: Conn, caplog: pytest.LogCaptureFixture, namespace: str
+) -> None:
+    conn.execute("CREATE DOMAIN d AS int; CREATE DOMAIN ds AS int[]; CREATE TABLE t (id int PRIMARY KEY, v d, a ds)")
+    relation = relation_of(conn, "t")
+    d, ds = oid_of(conn, "'d'::regtype"), oid_of(conn, "'ds'::regtype")
+    conn.execute("DROP TABLE t; DROP DOMAIN d; DROP DOMAIN ds")  # before walflow reads the change
+    catalog = Catalog(conn)
+    catalog.type_seen(TypeName(d, namespace, "int4"))
+    catalog.type_seen(TypeName(ds, namespace, "_int4"))
+    table = catalog.describe(relation)
+    assert table.loaders[1](b"3") == 3
+    assert table.loaders[2](b"{1,2}") == [1, 2]
+    assert catalog.effective_oid(d) == 23
+    assert catalog.effective_oid(ds) == 1007
+    assert warnings(caplog) == []
+
+
+def test_the_type_message_and_the_catalog_agree_while_the_domain_exists(conn: Conn) -> None:
+    conn.execute("CREATE DOMAIN d AS varchar(10)")
+    d = oid_of(conn, "'d'::regtype")
+    told = Catalog(conn)
+    told.type_seen(TypeName(d, "", "varchar"))
+    assert told.effective_oid(d) == Catalog(conn).effective_oid(d) == 1043
+
+
+def test_a_dropped_type_no_type_message_named_as_built_in_loads_as_text_with_one_warning(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An enum named like a built-in type, in another schema: its name is not psycopg's int4.
+    conn.execute("CREATE TYPE public.int4 AS ENUM ('3'); CREATE DOMAIN lost AS int")
+    enum, lost = oid_of(conn, "'public.int4'::regtype"), oid_of(conn, "'lost'::regtype")
+    conn.execute("DROP TYPE public.int4; DROP DOMAIN lost")
+    catalog = Catalog(conn)
+    catalog.type_seen(TypeName(enum, "public", "int4"))
+    assert catalog.loader(enum)(b"3") == "3"
+    assert catalog.loader(lost)(b"3") == "3"  # no Type message at all: the catalog decides
+    assert catalog.loader(lost)(b"3") == "3"
+    assert warnings(caplog) == [
+        f"type OID {enum} is not in pg_type; its values are passed as text",
+        f"type OID {lost} is not in pg_type; its values are passed as text",
+    ]
+
+
+def test_a_type_message_naming_a_custom_type_leaves_it_to_the_catalog(conn: Conn) -> None:
+    conn.execute("CREATE TYPE mood AS ENUM ('ok'); CREATE DOMAIN dm AS mood[]")
+    dm = oid_of(conn, "'dm'::regtype")
+    catalog = Catalog(conn)
+    catalog.type_seen(TypeName(dm, "public", "_mood"))
+    assert catalog.loader(dm)(b"{ok}") == ["ok"]
+
+
+# -- the key under REPLICA IDENTITY FULL -------------------------------------------------------
+
+
+def test_full_table_dropped_keeps_its_key_for_a_new_version(conn: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text, w text); ALTER TABLE t REPLICA IDENTITY FULL")
+    first = relation_of(conn, "t")
+    catalog = Catalog(conn)
+    assert catalog.describe(first).key_columns == ("id",)
+    conn.execute("DROP TABLE t")  # walflow reads the next version after the table is gone
+    table = catalog.describe(without(first, "w"))
+    assert table.key_columns == ("id",)
+    assert table.identity_columns == ("id", "v")
+    assert warnings(caplog) == []
+
+
+def test_a_never_seen_dropped_full_table_is_one_group_with_one_warning(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t REPLICA IDENTITY FULL")
+    relation = relation_of(conn, "t")
+    conn.execute("DROP TABLE t")
+    catalog = Catalog(conn)
+    assert catalog.describe(relation).key_columns == ()
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")  # another table, a new relid
+    assert catalog.describe(relation).key_columns == ()  # stays one group, no second warning
+    (message,) = warnings(caplog)
+    assert "public.t" in message and "kept in order as one group" in message and "no primary key" in message
+
+
+def test_a_full_table_without_primary_key_is_one_group_with_one_warning(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute("CREATE TABLE t (id int, v text); ALTER TABLE t REPLICA IDENTITY FULL")
+    catalog = Catalog(conn)
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ()
+    conn.execute("ALTER TABLE t ADD PRIMARY KEY (id)")
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ()  # a group never splits mid-run
+    assert len(warnings(caplog)) == 1
+
+
+def test_a_primary_key_not_published_is_one_group(conn: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t REPLICA IDENTITY FULL")
+    catalog = Catalog(conn)
+    assert catalog.describe(without(relation_of(conn, "t"), "id")).key_columns == ()  # a column list without id
+    (message,) = warnings(caplog)
+    assert "primary key (id) is not among its published columns" in message
+
+
+def test_an_altered_primary_key_keeps_the_old_key_while_its_columns_exist(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute("CREATE TABLE t (a int PRIMARY KEY, b int NOT NULL, c int); ALTER TABLE t REPLICA IDENTITY FULL")
+    catalog = Catalog(conn)
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ("a",)
+    conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (b)")
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ("a",)
+    assert Catalog(conn).describe(relation_of(conn, "t")).key_columns == ("b",)  # the next run's key
+    assert warnings(caplog) == []
+
+    conn.execute("ALTER TABLE t DROP COLUMN a")  # the key columns are gone: the whole table, once
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ()
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ()
+    (message,) = warnings(caplog)
+    assert "public.t" in message and "key columns (a) are no longer all among its columns" in message
+
+
+def test_a_keyed_table_turned_full_keeps_its_key(conn: Conn) -> None:
+    conn.execute("CREATE TABLE t (a int PRIMARY KEY, b int NOT NULL UNIQUE)")
+    catalog = Catalog(conn)
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ("a",)
+    conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (b), REPLICA IDENTITY FULL")
+    assert catalog.describe(relation_of(conn, "t")).key_columns == ("a",)
+
+
+def test_default_and_index_identity_use_the_flagged_columns(conn: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    conn.execute("CREATE TABLE t (a int PRIMARY KEY, b int)")
+    catalog = Catalog(conn)
+    relation = relation_of(conn, "t")
+    assert catalog.describe(relation).key_columns == ("a",)
+    flagged_b = tuple(Column(c.name, c.type_oid, c.typmod, c.name == "b") for c in relation.columns)
+    index = Relation(relation.relid, relation.namespace, relation.name, "i", flagged_b)
+    table = catalog.describe(index)
+    assert (table.key_columns, table.identity_columns) == (("b",), ("b",))
+    nothing = Relation(relation.relid, relation.namespace, relation.name, "n", ())
+    assert catalog.describe(nothing).key_columns == ()
+    assert warnings(caplog) == []
