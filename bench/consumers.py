@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import nats
 import psycopg
@@ -32,10 +33,11 @@ from bench.monitor import CpuSnapshot, MemorySampler, SlotLagSampler, cpu_second
 from bench.walflow import Deployment, Target, Walflow, write_config
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
-from connectors.nats.messages import NatsMessage
 from connectors.nats.publisher import AckPublisher
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
+from core.events import Message
 from embedded import ServerError, wait_for
+from transforms import route
 
 #: How often the stream's message count is polled while walflow runs.
 POLL_INTERVAL = 0.05
@@ -129,19 +131,31 @@ def walflow_catchup(
     }
 
 
-def _renamed(messages: list[StoredMessage], old_prefix: str, new_prefix: str) -> list[NatsMessage]:
-    """The same payloads and ids under another prefix, so a fresh stream can take them."""
-    cut = len(old_prefix)
-    return [NatsMessage(new_prefix + m.subject[cut:], m.data, m.msg_id) for m in messages]
+def _unescape(token: str) -> str:
+    """The name a subject token stands for (``core/tokens.py``'s rule, reversed)."""
+    return "" if token == "%" else unquote(token, errors="surrogatepass")
 
 
-async def _publish_async(url: str, messages: list[NatsMessage], window: int) -> float:
+def _as_made(messages: list[StoredMessage], prefix: str) -> tuple[str, list[Message]]:
+    """walflow's messages as its envelope made them, read back from their subjects, and the
+    database they name: a publisher given another prefix puts them where a fresh stream takes them."""
+    cut, database = len(prefix) + 1, ""
+    out: list[Message] = []
+    for m in messages:
+        database, schema, table, action = (_unescape(token) for token in m.subject[cut:].split("."))
+        out.append(Message(schema, table, action, m.data, m.msg_id))
+    return database, out
+
+
+async def _publish_async(url: str, prefix: str, database: str, messages: list[Message], window: int) -> float:
     nc = await nats.connect(url, connect_timeout=5)
     try:
         js = nc.jetstream(publish_async_max_pending=window)
+        subjects = [route.subject(prefix, database, m.schema, m.table, m.action) for m in messages]
         began = time.perf_counter()
         futures = [
-            await js.publish_async(m.subject, m.payload, headers={"Nats-Msg-Id": m.msg_id}) for m in messages
+            await js.publish_async(subject, m.payload, headers={"Nats-Msg-Id": m.msg_id})
+            for subject, m in zip(subjects, messages, strict=True)
         ]
         await js.publish_async_completed()
         seconds = time.perf_counter() - began
@@ -153,10 +167,14 @@ async def _publish_async(url: str, messages: list[NatsMessage], window: int) -> 
         await nc.close()
 
 
-async def _ack_publisher(host: str, port: int, messages: list[NatsMessage], window: int, batch: int) -> float:
+async def _ack_publisher(
+    host: str, port: int, prefix: str, database: str, messages: list[Message], window: int, batch: int
+) -> float:
     nc = await connect(NatsDestination.model_validate({"type": "nats", "host": host, "port": port}), name="bench")
     try:
-        publisher = AckPublisher(nc, window=window, ack_timeout=10.0, label="bench")
+        publisher = AckPublisher(
+            nc, subject_prefix=prefix, database=database, window=window, ack_timeout=10.0, label="bench"
+        )
         await publisher.start()
         began = time.perf_counter()
         for i in range(0, len(messages), batch):
@@ -183,18 +201,18 @@ def sink_ceilings(
     host, port = js.url.removeprefix("nats://").rsplit(":", 1)
     results: dict[str, Any] = {"messages": len(messages), "window": window,
                                "avg_payload_bytes": round(sum(len(m.data) for m in messages) / max(len(messages), 1))}
-    runs: dict[str, Callable[[list[NatsMessage]], Coroutine[Any, Any, float]]] = {
-        "publish_async": lambda msgs: _publish_async(js.url, msgs, window),
-        "ack_publisher": lambda msgs: _ack_publisher(host, int(port), msgs, window, batch),
+    runs: dict[str, Callable[[str, str, list[Message]], Coroutine[Any, Any, float]]] = {
+        "publish_async": lambda prefix, db, msgs: _publish_async(js.url, prefix, db, msgs, window),
+        "ack_publisher": lambda prefix, db, msgs: _ack_publisher(host, int(port), prefix, db, msgs, window, batch),
     }
+    database, made = _as_made(messages, source_prefix)
     for name, publish in runs.items():
         prefix = f"ceil_{name}_{tag}"
         stream = prefix.upper()
         js.add_stream(stream, [f"{prefix}.>"])
         try:
-            renamed = _renamed(messages, source_prefix, prefix)
             machine = CpuSnapshot.take()
-            seconds = js.run(publish(renamed))
+            seconds = js.run(publish(prefix, database, made))
             shares = CpuSnapshot.take().shares_since(machine)
             stored = js.count(stream)
             if stored != len(messages):

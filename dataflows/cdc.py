@@ -28,10 +28,9 @@ from dataflows.health import serve as serve_health
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
-from transforms.envelope import Envelope, key_prefix
+from transforms.envelope import Envelope
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
-from transforms.route import escape_token
 
 
 def _step(name: str) -> str:
@@ -67,7 +66,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     replay_from = confirmed_lsn(db)
     publishers = {
-        sink.name: JetStreamSink(sink, db.name, escape_token(db.name), replay_from, key_prefix(db.name, sink.name))
+        sink.name: JetStreamSink(sink, db.name, replay_from, runtime)
         for sink in sinks
     }
     replay_horizon = max(publish.prepare() for publish in publishers.values())

@@ -9,14 +9,18 @@ from collections.abc import Iterator
 import pytest
 
 from config.schema import NatsDestination
-from connectors.nats import runtime
-from connectors.nats.connection import WalflowClient, connect
-from connectors.nats.messages import NatsMessage
+from connectors.nats.connection import connect
+from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, PermanentPublishError, _InFlight
 from connectors.nats.replay import ids_since
 from connectors.nats.stream import StreamSetupError, ensure_stream, subject_covers
+from core.errors import FatalError
+from core.events import Message
+from core.runtime import Runtime
 from embedded import wait_for
 from tests.harness import Nats, TestNames
+
+runtime = Runtime()
 
 
 def _dest(nats_srv: Nats, names: TestNames, **stream: object) -> NatsDestination:
@@ -47,8 +51,9 @@ def nc(dest: NatsDestination) -> Iterator[WalflowClient]:
         runtime.run(client.close())
 
 
-def _messages(prefix: str, n: int, start: int = 0) -> list[NatsMessage]:
-    return [NatsMessage(f"{prefix}.app.public.t.insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
+def _messages(n: int, start: int = 0) -> list[Message]:
+    """Messages the publisher addresses as ``<prefix>.app.public.t.insert``."""
+    return [Message("public", "t", "insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
 
 
 async def _stored(nc: WalflowClient, stream: str) -> list[tuple[bytes, str]]:
@@ -95,16 +100,16 @@ def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: T
         runtime.run(ensure_stream(nc, dest, "app", "app"))
 
 
-def _publisher(nc: WalflowClient, window: int = 64) -> AckPublisher:
-    publisher = AckPublisher(nc, window=window, ack_timeout=2.0, label="test")
+def _publisher(nc: WalflowClient, prefix: str, window: int = 64) -> AckPublisher:
+    publisher = AckPublisher(nc, subject_prefix=prefix, database="app", window=window, ack_timeout=2.0, label="test")
     runtime.run(publisher.start())
     return publisher
 
 
 def test_many_in_flight_all_stored_in_order_once(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
-    publisher = _publisher(nc)
-    messages = _messages(names.subject_prefix, 3000)
+    publisher = _publisher(nc, names.subject_prefix)
+    messages = _messages(3000)
     runtime.run(publisher.publish(messages[:2000]))
     runtime.run(publisher.publish(messages[2000:]))
     runtime.run(publisher.settle())
@@ -119,8 +124,8 @@ def test_outage_blocks_then_everything_lands_in_order(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
-    publisher = _publisher(nc, window=50)
-    messages = _messages(names.subject_prefix, 400)
+    publisher = _publisher(nc, names.subject_prefix, window=50)
+    messages = _messages(400)
     runtime.run(publisher.publish(messages[:100]))
     runtime.run(publisher.settle())
     nats_srv.stop()
@@ -144,10 +149,12 @@ def test_outage_blocks_then_everything_lands_in_order(
 
 def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app", "app"))
-    publisher = _publisher(nc)
-    too_big = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload + 1), "big")
-    with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
+    publisher = _publisher(nc, names.subject_prefix)
+    too_big = Message("public", "t", "insert", b"x" * (nc.max_payload + 1), "big")
+    with pytest.raises(PermanentPublishError, match="larger than the server's max_payload") as info:
         runtime.run(publisher.publish([too_big]))
+    assert isinstance(info.value, FatalError)  # stops the pipeline with one line
+    assert f"{names.subject_prefix}.app.public.t.insert (Nats-Msg-Id big)" in str(info.value)
 
 
 def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error(
@@ -156,8 +163,8 @@ def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error
     """The server counts headers against max_payload too (and drops the connection over it):
     a payload a few bytes under the limit must be refused by name, not hang the sink."""
     runtime.run(ensure_stream(nc, dest, "app", "app"))
-    publisher = _publisher(nc)
-    almost = NatsMessage(f"{names.subject_prefix}.app.public.t.insert", b"x" * (nc.max_payload - 10), "almost")
+    publisher = _publisher(nc, names.subject_prefix)
+    almost = Message("public", "t", "insert", b"x" * (nc.max_payload - 10), "almost")
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
         runtime.run(publisher.publish([almost]))
     assert nc.is_connected and not nc.is_closed  # refused before sending: the server never saw it
@@ -170,8 +177,8 @@ def test_a_stream_named_error_is_not_mistaken_for_an_error(nats_srv: Nats, names
     client = runtime.run(connect(dest, name="walflow-test"))
     try:
         runtime.run(ensure_stream(client, dest, "app", "app"))
-        publisher = _publisher(client)
-        messages = _messages(names.subject_prefix, 5)
+        publisher = _publisher(client, names.subject_prefix)
+        messages = _messages(5)
         runtime.run(publisher.publish(messages))
         runtime.run(publisher.settle())
         assert publisher.last_seq == 5
@@ -200,8 +207,8 @@ def test_a_reconnect_never_puts_a_later_change_ahead(
 ) -> None:
     """A send that fails during an outage is settled before anything newer goes out."""
     runtime.run(ensure_stream(nc, dest, "app", "app"))
-    publisher = _publisher(nc)
-    first, second = _messages(names.subject_prefix, 2)
+    publisher = _publisher(nc, names.subject_prefix)
+    first, second = _messages(2)
     nats_srv.stop()
     wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
     worker = threading.Thread(target=lambda: runtime.run(publisher.publish([first])))
@@ -222,15 +229,17 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     subjects = f"{names.subject_prefix}.app.>"
     publisher = AckPublisher(
-        nc, window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,
+        nc, subject_prefix=names.subject_prefix, database="app", window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,
         stored_since=lambda seq: ids_since(nc, names.stream, subjects, seq),
     )
     runtime.run(publisher.start())
-    stored_one, lost_one = _messages(names.subject_prefix, 2)
+    stored_one, lost_one = _messages(2)
     runtime.run(publisher.publish([stored_one]))
     runtime.run(publisher.settle())
 
     # as settle() sees messages whose acks never came
-    entries = [_InFlight(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
+    entries = [
+        _InFlight(m, publisher.subject(m), first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)
+    ]
     kept = runtime.run(publisher._drop_stored(entries))
     assert [e.message.msg_id for e in kept] == [lost_one.msg_id]

@@ -1,4 +1,7 @@
-"""The envelope: one change as Sequin's JSON payload, ready to publish as a :class:`NatsMessage`.
+"""The envelope: one change as Sequin's JSON payload and its idempotency id, a :class:`core.events.Message`.
+
+The envelope does not address the message: the sink gives it its subject from the names
+the message carries (``transforms/route.py``).
 
 The payload is Sequin's shape (``shared/CONTRACT.md``), so Sequin consumers keep working::
 
@@ -42,15 +45,10 @@ Postgres's own text form (``[1,10)``, ``empty``, ``{[1,3),[5,7)}``), anything el
 ``str()``. Values the source could not load (``infinity`` dates, unknown types) already are
 Postgres's exact text.
 
-**Idempotency key** (also the ``Nats-Msg-Id``): standard base64 of
-``"<database>/<sink>/<commit_lsn>:<commit_idx>"``, with database and sink names escaped as
-subject tokens (so they hold no ``/`` and the key is unambiguous; ordinary names are
-unchanged). Sequin uses ``Base64("<commit_lsn>:<commit_idx>")``, which is unique only
-within one sink of one database. JetStream deduplicates by ``Nats-Msg-Id`` per *stream*:
-two sinks (or two databases, whose LSNs are unrelated) publishing into one stream would
-have their messages for the same position dropped as duplicates of each other. The key is
-built from names in the config and the change's position only, so it is the same on every
-replay.
+**Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
+change, standard base64 of ``"<database>/<sink>/<commit_lsn>:<commit_idx>"``: unique per
+sink and database (Sequin's ``Base64("<commit_lsn>:<commit_idx>")`` is not, and JetStream
+deduplicates per stream), and the same on every replay.
 """
 
 from __future__ import annotations
@@ -67,10 +65,8 @@ from psycopg.types.range import Range
 from pydantic_core import to_json
 
 from config.schema import SinkConfig
-from connectors.nats.messages import NatsMessage
-from connectors.postgres.changes import Change
-from connectors.postgres.values import UNCHANGED_TOAST, Row, UnchangedToast
-from transforms.route import escape_token, subject
+from core.events import UNCHANGED_TOAST, Change, Message, Row, UnchangedToast
+from core.ids import IdScheme
 
 #: Sequin's value for a TOASTed column that an update left alone and Postgres did not send.
 UNCHANGED_TOAST_MARKER: Final = "unchanged_toast"
@@ -188,24 +184,18 @@ def pg_text(value: Any) -> str:
 # -- the envelope ---------------------------------------------------------------------------
 
 
-def key_prefix(database_name: str, sink_name: str) -> str:
-    """What every idempotency key of one sink of one database starts with, before base64."""
-    return f"{escape_token(database_name)}/{escape_token(sink_name)}/"
-
-
 class Envelope:
-    """``envelope`` step of one sink: a change → its subject, Sequin payload and ``Nats-Msg-Id``."""
+    """``envelope`` step of one sink: a change → its Sequin payload and ``Nats-Msg-Id``."""
 
-    def __init__(self, sink: SinkConfig, database_name: str) -> None:
-        self._database = database_name
-        self._prefix = sink.destination.subject_prefix
-        self._key_prefix = key_prefix(database_name, sink.name).encode()
+    def __init__(self, sink: SinkConfig, database: str) -> None:
+        self._database = database
+        self._ids = IdScheme(database, sink.name)
         consumer: dict[str, Any] = {"name": sink.name}
         if sink.annotations:
             consumer["annotations"] = sink.annotations
         self._consumer_json = b'"consumer":%s' % to_json(consumer, inf_nan_mode="strings", fallback=pg_text)
-        #: (schema, table, action) -> (subject, payload text): see _route.
-        self._routes: dict[tuple[str, str, str], tuple[str, bytes]] = {}
+        #: (schema, table, action) -> the payload text that depends on them only: see _head.
+        self._heads: dict[tuple[str, str, str], bytes] = {}
         self._unix = sink.timestamp_format == "unix_microsecond"
         #: Values rewritten before to_json, by exact type; all others pass untouched.
         self._convert: dict[type, Callable[[Any], Any]] = {
@@ -220,7 +210,7 @@ class Envelope:
         # tuple, replaced whole, so worker threads sharing this step never pair a stale half.
         self._last_ts: tuple[datetime | None, str | int] = (None, "")
 
-    def __call__(self, change: Change) -> NatsMessage:
+    def __call__(self, change: Change) -> Message:
         action = change.action
         changes: Row | None = None
         if action == "delete":
@@ -235,32 +225,31 @@ class Envelope:
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
-        key = b2a_base64(b"%s%d:%d" % (self._key_prefix, lsn, idx), newline=False)
-        route = self._routes.get((change.schema, change.table, action))
-        if route is None:
-            route = self._route(change.schema, change.table, action)
+        key = self._ids.encode(lsn, idx)
+        head = self._heads.get((change.schema, change.table, action))
+        if head is None:
+            head = self._head(change.schema, change.table, action)
         payload = b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",%s}}' % (
             to_json(record, inf_nan_mode="strings", fallback=pg_text),
             b"null" if changes is None else to_json(changes, inf_nan_mode="strings", fallback=pg_text),
-            route[1],
+            head,
             to_json(self._commit_timestamp(change.commit_ts)),
             lsn,
             idx,
             key,
             self._consumer_json,
         )
-        return NatsMessage(route[0], payload, key.decode("ascii"))
+        return Message(change.schema, change.table, action, payload, key.decode("ascii"))
 
-    def _route(self, schema: str, table: str, action: str) -> tuple[str, bytes]:
-        """The subject of a table's changes of one kind, and the payload's text that only
-        depends on them: JSON from ``"action"`` up to the commit timestamp's value."""
+    def _head(self, schema: str, table: str, action: str) -> bytes:
+        """The payload's text that only depends on a table and an action: JSON from
+        ``"action"`` up to the commit timestamp's value."""
         metadata = to_json(
             {"database_name": self._database, "table_schema": schema, "table_name": table, "commit_timestamp": None}
         )
         head = b'"action":%s,"metadata":%s' % (to_json(action), metadata[: -len(b"null}")])
-        route = (subject(self._prefix, self._database, schema, table, action), head)
-        self._routes[(schema, table, action)] = route
-        return route
+        self._heads[(schema, table, action)] = head
+        return head
 
     def _commit_timestamp(self, ts: datetime) -> datetime | str | int:
         """ISO 8601 UTC with 6 fractional digits and ``Z``, or Unix microseconds.

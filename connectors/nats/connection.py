@@ -3,22 +3,30 @@
 Reconnects never give up (nats-py stops after 60 attempts by default), and nats-py's own
 buffering while disconnected is off: it would flush buffered publishes ahead of the ones
 walflow re-sends itself, reordering a row's changes. walflow owns every re-send.
+
+What nats-py reports is sorted here. An unreachable server is waited for (transient).
+Credentials the server refuses at the first connect are a :class:`NatsAuthError`, since
+retrying cannot fix them (nats-py itself would retry forever). A "Permissions Violation"
+arrives only through ``error_cb``, while the request it refused just times out: it is
+recorded on the client, and :func:`permission_error` turns the failure that follows into
+a :class:`NatsPermissionError` naming what to grant.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
 from typing import Any
 
 import nats
-from nats.aio.client import Client, RawCredentials
-from nats.aio.subscription import Subscription
+from nats.aio.client import RawCredentials
 
 from config.schema import NatsDestination
+from connectors.nats.natspy import WalflowClient
+from core.errors import FatalError
 
 log = logging.getLogger("walflow.nats")
 
@@ -26,60 +34,6 @@ _CREDS_TEMPLATE = (
     "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
     "-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
 )
-
-
-#: Called with a message's subject, payload and raw header block (None without headers).
-DirectHandler = Callable[[bytes, bytes, bytes | None], None]
-
-
-class WalflowClient(Client):
-    """nats-py's client, plus a raw path for the publishing hot loop.
-
-    Per message, nats-py's ``publish`` checks the subject, builds the header block and may
-    ask its flusher to run; each delivered message becomes a ``Msg`` on a queue, handed to
-    a task. For JetStream acks, at tens of thousands a second, that is most of walflow's
-    CPU. :meth:`send_raw` queues ready-made protocol commands in nats-py's own outgoing
-    queue (so they keep their place behind whatever nats-py queued before), and a
-    subscription made with :meth:`subscribe_direct` has its messages handed to a plain
-    function, straight from the protocol parser. Everything else — connecting, auth, TLS,
-    pings, reconnects and resubscribing — stays nats-py's.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._direct: dict[int, tuple[Subscription, DirectHandler]] = {}
-
-    async def send_raw(self, commands: bytes) -> bool:
-        """Queue protocol ``commands`` for the socket; False (nothing queued) while disconnected:
-        nats-py would otherwise send them after a reconnect, ahead of walflow's own re-sends."""
-        if not self.is_connected:
-            return False
-        self._pending.append(commands)
-        self._pending_data_size += len(commands)
-        if self._flush_queue is not None and self._flush_queue.empty():
-            await self._flush_pending()
-        return True
-
-    async def subscribe_direct(self, subject: str, handler: DirectHandler) -> int:
-        """Subscribe ``handler`` to ``subject``; returns the subscription id."""
-        sub = await self.subscribe(subject)
-        self._direct[sub._id] = (sub, handler)
-        return sub._id
-
-    async def unsubscribe_direct(self, sid: int) -> None:
-        entry = self._direct.pop(sid, None)
-        if entry is not None and not self.is_closed:
-            await entry[0].unsubscribe()
-
-    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        entry = self._direct.get(sid)
-        if entry is None:
-            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
-        else:
-            try:
-                entry[1](subject, data, headers)
-            except Exception:  # an escape would end nats-py's read loop, silently
-                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
 
 
 class _RateLimitedLog:
@@ -122,21 +76,70 @@ def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
     return options
 
 
+class NatsAuthError(FatalError):
+    """The NATS server refused the sink's credentials."""
+
+
+class NatsPermissionError(FatalError):
+    """The NATS server refused a request the sink's user has no permission for."""
+
+
+def _is_auth_violation(exc: BaseException) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
+
+
+def _credentials_hint(dest: NatsDestination) -> str:
+    if dest.creds_file is not None:
+        return f"the credentials file {dest.creds_file}"
+    if dest.jwt is not None:
+        return "destination.jwt and nkey_seed"
+    if dest.nkey_seed is not None:
+        return "destination.nkey_seed"
+    if dest.username is not None:
+        return f"destination.username ('{dest.username}') and password"
+    return "the credentials under the sink's destination (none are set; the server requires some)"
+
+
+def permission_error(nc: WalflowClient, dest: NatsDestination, doing: str) -> NatsPermissionError | None:
+    """The fatal error for a JetStream API request that failed after the server reported a
+    permissions violation on this connection; None if it reported none."""
+    violation = nc.permission_violation
+    if violation is None:
+        return None
+    who = f"user '{dest.username}'" if dest.username is not None else "the sink's NATS user"
+    return NatsPermissionError(
+        f"NATS at {', '.join(dest.server_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
+        "publish permission on $JS.API.> (JetStream's API) and subscribe permission on _INBOX.> (its replies)"
+    )
+
+
+class _Refused(Exception):
+    """Raised from ``error_cb`` to end nats-py's connect loop, which would retry refused credentials forever."""
+
+
 async def connect(dest: NatsDestination, name: str) -> WalflowClient:
-    """Connect, retrying with capped backoff until NATS answers: a pipeline waits for its sink."""
+    """Connect, retrying with capped backoff until NATS answers: a pipeline waits for its sink.
+
+    Raises :class:`NatsAuthError` if the server refuses the credentials."""
     warn = _RateLimitedLog()
     options = connect_options(dest, name)
+    servers = ", ".join(dest.server_urls)
+    connecting = True
 
     async def on_error(exc: Exception) -> None:
-        warn("error", "cannot reach NATS at %s (%s); retrying", ", ".join(dest.server_urls), exc)
+        if connecting and _is_auth_violation(exc):
+            raise _Refused(str(exc))
+        if "permissions violation" in str(exc).lower():
+            if client is not None:
+                client.permission_violation = str(exc)
+            warn("permission", "NATS at %s: %s", servers, exc)
+            return
+        warn("error", "cannot reach NATS at %s (%s); retrying", servers, exc)
 
     async def on_disconnect() -> None:
         warn("disconnect", "NATS disconnected (%s); reconnecting", name)
-        # nats-py would send what it still queued once it reconnects, ahead of walflow's own
-        # in-order re-sends of what was lost: drop it (those messages time out, are re-sent).
         if client is not None:
-            client._pending = []
-            client._pending_data_size = 0
+            client.drop_pending()
 
     async def on_reconnect() -> None:
         log.info("NATS reconnected (%s)", name)
@@ -144,15 +147,21 @@ async def connect(dest: NatsDestination, name: str) -> WalflowClient:
     client: WalflowClient | None = None
     delay = 0.5
     while True:
+        client = WalflowClient()
         try:
-            client = WalflowClient()
             await client.connect(
                 **options, error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect
             )
+            connecting = False
             return client
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            if isinstance(exc, nats.errors.AuthorizationError):
-                raise
-            warn("connect", "cannot reach NATS at %s (%s); retrying", ", ".join(dest.server_urls), exc)
+        except (_Refused, TimeoutError, OSError, nats.errors.Error) as exc:
+            if isinstance(exc, _Refused) or _is_auth_violation(exc):
+                with contextlib.suppress(Exception):  # a half-open client: nothing more to do with it
+                    await asyncio.wait_for(client.close(), 5)
+                raise NatsAuthError(
+                    f"NATS at {servers} refused the credentials of sink connection '{name}' ({exc}): "
+                    f"check {_credentials_hint(dest)} against the server's users or accounts"
+                ) from None
+            warn("connect", "cannot reach NATS at %s (%s); retrying", servers, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)

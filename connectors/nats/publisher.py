@@ -16,7 +16,11 @@ JetStream error), :meth:`AckPublisher.settle` waits for the rest of the window a
 the failed ones in their original order, with backoff, until JetStream takes them; their
 ``Nats-Msg-Id`` makes a message that was stored after all (its ack lost) a duplicate that
 JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too large, a
-bad header) stops the flow with :class:`PermanentPublishError`.
+bad header) stops the flow with :class:`PermanentPublishError`, a fatal error. This is the
+one place that decides which JetStream errors are retried.
+
+Messages are addressed here: the subject of each is :func:`transforms.route.subject` of its
+names, cached per table and action.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from connectors.nats.connection import WalflowClient
-from connectors.nats.messages import NatsMessage
+from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import StreamSetupError
+from core.errors import FatalError
+from core.events import Message
+from transforms import route
 
 log = logging.getLogger("walflow.nats")
 
@@ -61,13 +67,14 @@ class NoStreamError(PublishError):
         super().__init__(f"no stream captures subject {subject}", True)
 
 
-class PermanentPublishError(RuntimeError):
+class PermanentPublishError(FatalError):
     """JetStream refused a message for a reason that retrying cannot fix."""
 
 
 @dataclass(slots=True)
 class _InFlight:
-    message: NatsMessage
+    message: Message
+    subject: bytes
     #: When the message was first sent, and this partition's last acked sequence then:
     #: a message stored but unacknowledged has a higher sequence than that.
     first_sent: float
@@ -99,6 +106,8 @@ class AckPublisher:
         self,
         nc: WalflowClient,
         *,
+        subject_prefix: str,
+        database: str,
         window: int,
         ack_timeout: float,
         label: str,
@@ -108,6 +117,10 @@ class AckPublisher:
         duplicate_window: float = 120.0,
     ) -> None:
         self._nc = nc
+        self._subject_prefix = subject_prefix
+        self._database = database
+        #: (schema, table, action) -> subject, encoded: a database has far fewer tables than changes.
+        self._subjects: dict[tuple[str, str, str], bytes] = {}
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
         # would store it twice if its ack was lost, so ask the stream what it holds first.
@@ -135,7 +148,15 @@ class AckPublisher:
         if self._sid is not None:
             await self._nc.unsubscribe_direct(self._sid)
 
-    async def publish(self, messages: list[NatsMessage]) -> None:
+    def subject(self, message: Message) -> bytes:
+        """The subject ``message`` is published on: ``<prefix>.<database>.<schema>.<table>.<action>``."""
+        key = (message.schema, message.table, message.action)
+        found = self._subjects.get(key)
+        if found is None:
+            found = self._subjects[key] = route.subject(self._subject_prefix, self._database, *key).encode()
+        return found
+
+    async def publish(self, messages: list[Message]) -> None:
         """Send ``messages`` in order, keeping at most ``window`` unacknowledged.
 
         Nothing newer goes out while something older may need a re-send: after a failed send,
@@ -155,7 +176,10 @@ class AckPublisher:
             if room <= 0:
                 await self._make_room()
                 continue
-            chunk = [_InFlight(message, now, self.last_seq) for message in messages[sent : sent + room]]
+            subject_of = self.subject
+            chunk = [
+                _InFlight(message, subject_of(message), now, self.last_seq) for message in messages[sent : sent + room]
+            ]
             sent += len(chunk)
             if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
@@ -183,7 +207,7 @@ class AckPublisher:
                     reason = f"no acknowledgement within {self._ack_timeout:.0f}s"
                 elif not error.retryable:
                     raise PermanentPublishError(
-                        f"JetStream refused {entry.message.subject} (Nats-Msg-Id {entry.message.msg_id}): {error}"
+                        f"JetStream refused {entry.subject.decode()} (Nats-Msg-Id {entry.message.msg_id}): {error}"
                     )
                 else:
                     reason = str(error)
@@ -212,7 +236,7 @@ class AckPublisher:
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            await self._send([_InFlight(old.message, old.first_sent, old.floor_seq) for old in failed])
+            await self._send([_InFlight(old.message, old.subject, old.first_sent, old.floor_seq) for old in failed])
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
@@ -272,7 +296,7 @@ class AckPublisher:
             token += 1
             waiting[token] = entry
             commands.append(
-                hpub(message.subject.encode(), b"%s%d" % (prefix, token), headers, message.payload)
+                hpub(entry.subject, b"%s%d" % (prefix, token), headers, message.payload)
             )
         self._token = token
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
@@ -306,7 +330,7 @@ class AckPublisher:
         if found is not None and _ERROR.search(data) is None:
             entry.seq = int(found.group(1))
         else:
-            entry.error = _ack_error(entry.message.subject, data, headers)
+            entry.error = _ack_error(entry.subject.decode(), data, headers)
             self._failed = True
         wake = self._wake
         if wake is not None and wake[0] is entry and not wake[1].done():

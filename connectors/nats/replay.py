@@ -18,36 +18,34 @@ stream, so its own messages for lower positions land *after* an earlier run's hi
 The scan stays exact because the source does not confirm any position up to the highest
 one found (:func:`horizon`) until it has passed it: by then every earlier run's message
 lies below the confirmed LSN, and only this run's, in epoch order, lie above it.
+
+Which messages are this pipeline's, and at which position, only its :class:`core.ids.IdScheme`
+says: nothing here reads an id's text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from base64 import b64decode
 
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from core.ids import IdScheme
+
 log = logging.getLogger("walflow.nats")
 
 
-def position(msg_id: str, key_prefix: str) -> int | None:
-    """The commit LSN in one of this pipeline's message ids (``<db>/<sink>/<lsn>:<idx>``), else None."""
-    try:
-        text = b64decode(msg_id, validate=True).decode()
-    except ValueError:
-        return None
-    if not text.startswith(key_prefix):
-        return None
-    lsn, _, _ = text[len(key_prefix) :].partition(":")
-    return int(lsn) if lsn.isdigit() else None
+def _lsn(ids: IdScheme, msg_id: str) -> int | None:
+    """The commit LSN one of this pipeline's ids names; None for anyone else's."""
+    found = ids.decode(msg_id)
+    return None if found is None else found.lsn
 
 
 async def already_published(
-    nc: Client, stream: str, subjects: str, key_prefix: str, since_lsn: int
+    nc: Client, stream: str, subjects: str, ids: IdScheme, since_lsn: int
 ) -> set[str]:
     """Ids of this pipeline's messages in ``stream`` whose commit LSN is at or after ``since_lsn``."""
     js = nc.jetstream()
@@ -58,10 +56,10 @@ async def already_published(
     first, last = info.state.first_seq, info.state.last_seq
     if info.state.messages == 0 or since_lsn == 0:
         return set()
-    start = await _boundary(nc, stream, first, last, key_prefix, since_lsn)
+    start = await _boundary(nc, stream, first, last, ids, since_lsn)
     return {
         msg_id for msg_id in await ids_since(nc, stream, subjects, start)
-        if (lsn := position(msg_id, key_prefix)) is not None and lsn >= since_lsn
+        if (lsn := _lsn(ids, msg_id)) is not None and lsn >= since_lsn
     }
 
 
@@ -74,7 +72,7 @@ async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[s
         return set()
     if last is None or last < start:
         return set()
-    ids: set[str] = set()
+    found: set[str] = set()
     sub = await js.subscribe(
         subjects,
         stream=stream,
@@ -90,19 +88,19 @@ async def ids_since(nc: Client, stream: str, subjects: str, start: int) -> set[s
                 raise RuntimeError(
                     f"could not read the tail of stream {stream} from sequence {start} within 30s"
                 ) from None
-            ids.add((msg.headers or {}).get("Nats-Msg-Id", ""))
+            found.add((msg.headers or {}).get("Nats-Msg-Id", ""))
             if msg.metadata.sequence.stream >= last:
-                return ids
+                return found
     finally:
         await sub.unsubscribe()
 
 
-def horizon(ids: set[str], key_prefix: str) -> int:
-    """The highest commit LSN among ``ids``: the source confirms nothing up to it."""
-    return max((lsn for msg_id in ids if (lsn := position(msg_id, key_prefix)) is not None), default=0)
+def horizon(msg_ids: set[str] | frozenset[str], ids: IdScheme) -> int:
+    """The highest commit LSN among this pipeline's ``msg_ids``: the source confirms nothing up to it."""
+    return max((lsn for msg_id in msg_ids if (lsn := _lsn(ids, msg_id)) is not None), default=0)
 
 
-async def _boundary(nc: Client, stream: str, first: int, last: int, key_prefix: str, since_lsn: int) -> int:
+async def _boundary(nc: Client, stream: str, first: int, last: int, ids: IdScheme, since_lsn: int) -> int:
     """A stream sequence at or before which all of this pipeline's messages are older than ``since_lsn``."""
     js = nc.jetstream()
     step = 1
@@ -113,7 +111,7 @@ async def _boundary(nc: Client, stream: str, first: int, last: int, key_prefix: 
         except NotFoundError:  # deleted or expired: look further back
             msg = None
         if msg is not None:
-            lsn = position((msg.headers or {}).get("Nats-Msg-Id", ""), key_prefix)
+            lsn = _lsn(ids, (msg.headers or {}).get("Nats-Msg-Id", ""))
             if lsn is not None and lsn < since_lsn:
                 return seq
         seq = max(first, last - step)

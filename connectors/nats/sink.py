@@ -7,7 +7,10 @@ the next epoch, everything before its last snapshot is stored in JetStream: that
 the slot may move (see ``connectors/postgres/source.py``).
 
 Routing by group key keeps each group's messages in one partition, in order, across
-workers and epochs. All partitions of a sink in one process share one NATS connection.
+workers and epochs. All partitions of a sink in one process share one NATS connection,
+held by the sink object, like the ids its replay scan found; nothing is process-global.
+Messages arrive as payload and id (:class:`core.events.Message`); the publisher gives
+each its subject.
 """
 
 from __future__ import annotations
@@ -19,18 +22,18 @@ from typing import TypedDict
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 
 from config.schema import SinkConfig
-from connectors.nats import runtime
-from connectors.nats.connection import WalflowClient, connect
-from connectors.nats.messages import NatsMessage
+from connectors.nats.connection import connect, permission_error
+from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.replay import already_published, horizon, ids_since
 from connectors.nats.stream import ensure_stream
+from core.errors import FatalError
+from core.events import Message
+from core.ids import IdScheme
+from core.runtime import Runtime
+from core.tokens import escape_token
 
 log = logging.getLogger("walflow.nats")
-
-_connections: dict[str, WalflowClient] = {}
-_published: dict[str, frozenset[str]] = {}
-_lock: asyncio.Lock | None = None
 
 
 class SinkState(TypedDict):
@@ -39,95 +42,100 @@ class SinkState(TypedDict):
     last_seq: int
 
 
-async def _connection(
-    sink: SinkConfig, database: str, escaped_database: str, replay_from: int, key_prefix: str
-) -> WalflowClient:
-    """This process's connection for ``sink``, with the stream checked and its tail read once."""
-    global _lock
-    if _lock is None:
-        _lock = asyncio.Lock()
-    async with _lock:
-        nc = _connections.get(sink.name)
-        if nc is None or nc.is_closed:
-            dest = sink.destination
-            nc = await connect(dest, name=f"walflow:{sink.name}")
-            await ensure_stream(nc, dest, database, escaped_database)
-            if sink.name not in _published:
-                ids = await already_published(
-                    nc, dest.stream.name, f"{dest.subject_prefix}.{escaped_database}.>",
-                    key_prefix, replay_from,
-                )
-                if ids:
-                    log.info("%s: %d change(s) to be replayed are already in the stream; not publishing them again",
-                             sink.name, len(ids))
-                _published[sink.name] = frozenset(ids)
-            _connections[sink.name] = nc
-        return nc
-
-
-class JetStreamPartition(StatefulSinkPartition[NatsMessage, SinkState]):
-    def __init__(self, publisher: AckPublisher, label: str) -> None:
+class JetStreamPartition(StatefulSinkPartition[Message, SinkState]):
+    def __init__(self, publisher: AckPublisher, label: str, runtime: Runtime) -> None:
         self._publisher = publisher
         self._label = label
+        self._runtime = runtime
 
-    def write_batch(self, items: list[NatsMessage]) -> None:
-        try:
-            runtime.run(self._publisher.publish(items))
-        except Exception:
-            log.exception("%s: publishing failed", self._label)  # Bytewax clusters hide the cause
-            raise
+    def write_batch(self, items: list[Message]) -> None:
+        with self._runtime.guard(f"{self._label}: publishing"):
+            self._runtime.run(self._publisher.publish(items))
 
     def snapshot(self) -> SinkState:
-        try:
-            runtime.run(self._publisher.settle())
-        except Exception:
-            log.exception("%s: publishing failed", self._label)
-            raise
+        with self._runtime.guard(f"{self._label}: publishing"):
+            self._runtime.run(self._publisher.settle())
         return {"last_seq": self._publisher.last_seq}
 
     def close(self) -> None:
-        runtime.run(self._publisher.close())
+        with self._runtime.guard(f"{self._label}: closing"):
+            self._runtime.run(self._publisher.close())
 
 
-class JetStreamSink(FixedPartitionedSink[NatsMessage, SinkState]):
-    """Publishes ``(group key, NatsMessage)`` items of one configured sink."""
+class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
+    """Publishes ``(group key, Message)`` items of one configured sink."""
 
-    def __init__(
-        self, sink: SinkConfig, database: str, escaped_database: str, replay_from: int, key_prefix: str
-    ) -> None:
-        """``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
-        ``key_prefix``: how this sink's message ids start (``transforms.envelope.key_prefix``)."""
+    def __init__(self, sink: SinkConfig, database: str, replay_from: int, runtime: Runtime) -> None:
+        """``database``: the configured name of the database the changes come from;
+        ``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
+        ``runtime``: the process's, whose loop the NATS connection lives on."""
         self.sink = sink
         self.database = database
-        self.escaped_database = escaped_database
         self.replay_from = replay_from
-        self.key_prefix = key_prefix
+        self.runtime = runtime
+        self.ids = IdScheme(database, sink.name)
+        dest = sink.destination
+        #: Every subject this sink publishes on.
+        self.subjects = f"{dest.subject_prefix}.{escape_token(database)}.>"
+        self._nc: WalflowClient | None = None
+        #: Ids of changes to be replayed that the stream already holds (read once).
+        self._published: frozenset[str] | None = None
+        self._lock = asyncio.Lock()  # on the runtime's loop: partitions connect from several workers
+
+    async def _connection(self) -> WalflowClient:
+        """The sink's connection, with the stream checked and its tail read once."""
+        async with self._lock:
+            nc = self._nc
+            if nc is None or nc.is_closed:
+                dest = self.sink.destination
+                nc = await connect(dest, name=f"walflow:{self.sink.name}")
+                try:
+                    await ensure_stream(nc, dest, self.database, escape_token(self.database))
+                    if self._published is None:
+                        found = await already_published(
+                            nc, dest.stream.name, self.subjects, self.ids, self.replay_from
+                        )
+                        if found:
+                            log.info("%s: %d change(s) to be replayed are already in the stream; "
+                                     "not publishing them again", self.sink.name, len(found))
+                        self._published = frozenset(found)
+                except FatalError:
+                    raise
+                except Exception as exc:
+                    denied = permission_error(nc, dest, f"sink '{self.sink.name}''s JetStream API request")
+                    if denied is not None:
+                        raise denied from exc
+                    raise
+                self._nc = nc
+            return nc
 
     def prepare(self) -> int:
         """Connect and check the stream now, at startup, rather than at the first message
         (Bytewax builds sink partitions lazily): waits while NATS is unreachable. Returns
         the replay horizon: the source must not confirm a position up to it (replay.py)."""
-        runtime.run(_connection(self.sink, self.database, self.escaped_database, self.replay_from, self.key_prefix))
-        return horizon(set(_published.get(self.sink.name, frozenset())), self.key_prefix)
+        self.runtime.run(self._connection())
+        return horizon(self._published or frozenset(), self.ids)
 
     def list_parts(self) -> list[str]:
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]
 
     def build_part(self, step_id: str, for_part: str, resume_state: SinkState | None) -> JetStreamPartition:
-        dest = self.sink.destination
-        nc = runtime.run(_connection(self.sink, self.database, self.escaped_database, self.replay_from, self.key_prefix))
-        publisher = AckPublisher(
-            nc,
-            window=dest.max_in_flight,
-            ack_timeout=dest.ack_timeout_ms / 1000,
-            label=for_part,
-            skip=_published.get(self.sink.name, frozenset()),
-            on_no_stream=lambda: ensure_stream(nc, dest, self.database, self.escaped_database),
-            stored_since=lambda seq: ids_since(nc, dest.stream.name, f"{dest.subject_prefix}.{self.escaped_database}.>",
-                                               seq),
-            duplicate_window=dest.stream.duplicate_window_ms / 1000,
-        )
-        runtime.run(publisher.start())
-        if resume_state:
-            publisher.last_seq = resume_state["last_seq"]
-        return JetStreamPartition(publisher, for_part)
+        with self.runtime.guard(f"{for_part}: setting up"):
+            dest = self.sink.destination
+            nc = self.runtime.run(self._connection())
+            publisher = AckPublisher(
+                nc,
+                subject_prefix=dest.subject_prefix,
+                database=self.database,
+                window=dest.max_in_flight,
+                ack_timeout=dest.ack_timeout_ms / 1000,
+                label=for_part,
+                skip=self._published or frozenset(),
+                on_no_stream=lambda: ensure_stream(nc, dest, self.database, escape_token(self.database)),
+                stored_since=lambda seq: ids_since(nc, dest.stream.name, self.subjects, seq),
+                duplicate_window=dest.stream.duplicate_window_ms / 1000,
+            )
+            self.runtime.run(publisher.start())
+            if resume_state:
+                publisher.last_seq = resume_state["last_seq"]
+            return JetStreamPartition(publisher, for_part, self.runtime)

@@ -1,0 +1,168 @@
+"""Every use of a nats-py private name, fenced in one module and checked when it is imported.
+
+walflow's publishing hot path bypasses two of nats-py's per-message layers (see
+:class:`WalflowClient`), which needs six of its private names:
+
+- ``Client._pending``, ``Client._pending_data_size``: its outgoing queue, which
+  :meth:`WalflowClient.send_raw` appends ready-made commands to and :func:`drop_pending`
+  empties on a disconnect;
+- ``Client._flush_queue``, ``Client._flush_pending()``: its flusher, woken by ``send_raw``;
+- ``Client._process_msg(sid, subject, reply, data, headers)``: what its protocol parser
+  calls per delivered message, overridden to hand direct subscriptions' messages to a
+  plain function;
+- ``Subscription._id``: a subscription's id, as the parser names it.
+
+nats-py is pinned to the minor version tested (:data:`PIN`, ``pyproject.toml``). Should
+another version be installed anyway, importing this module fails at once, naming the
+version and the pin (:class:`NatsPyIncompatible`), rather than the pipeline failing later
+in the middle of a publish; ``tests/connectors/nats/test_natspy_contract.py`` checks the
+same list, and exercises the hooks against a real server.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+
+log = logging.getLogger("walflow.nats")
+
+#: The nats-py versions the hooks were written and tested against (as ``pyproject.toml`` pins it).
+PIN: Final = "nats-py[nkeys]>=2.16,<2.17"
+
+#: Instance attributes of ``Client`` that the hooks read or write.
+CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_flush_queue")
+#: Methods of ``Client`` the hooks call or override, with the parameters they rely on.
+CLIENT_METHODS: Final[dict[str, tuple[str, ...]]] = {
+    "_flush_pending": (),  # called without arguments
+    "_process_msg": ("sid", "subject", "reply", "data", "headers"),  # called positionally by the parser
+}
+#: Instance attributes of ``Subscription`` the hooks read.
+SUBSCRIPTION_ATTRIBUTES: Final = ("_id",)
+
+
+class NatsPyIncompatible(ImportError):
+    """The installed nats-py lacks an internal walflow hooks: install the pinned version."""
+
+
+def installed_version() -> str:
+    try:
+        return importlib.metadata.version("nats-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
+def contract_problems(client_cls: type[Client] = Client, subscription_cls: type[Subscription] = Subscription) -> list[str]:
+    """What of the hooked internals ``client_cls`` / ``subscription_cls`` do not have as expected."""
+    problems: list[str] = []
+    try:
+        client = client_cls()
+        attributes = vars(client)
+    except Exception as exc:  # noqa: BLE001 - a changed constructor is one more problem to name
+        return [f"Client() failed: {exc!r}"]
+    problems += [f"Client.{name} (attribute)" for name in CLIENT_ATTRIBUTES if name not in attributes]
+    for name, expected in CLIENT_METHODS.items():
+        method = getattr(client_cls, name, None)
+        if not callable(method) or not inspect.iscoroutinefunction(method):
+            problems.append(f"Client.{name}() (coroutine method)")
+            continue
+        params = list(inspect.signature(method).parameters.values())[1:]  # without self
+        names = tuple(param.name for param in params[: len(expected)])
+        rest = params[len(expected) :]
+        if names != expected or any(param.default is inspect.Parameter.empty for param in rest):
+            got = ", ".join(param.name for param in params)
+            problems.append(f"Client.{name}({', '.join(expected)}) (has ({got}))")
+    try:
+        sub = subscription_cls(client, 7, "walflow.contract")
+        sub_attributes = vars(sub)
+    except Exception as exc:  # noqa: BLE001
+        return [*problems, f"Subscription(conn, id, subject) failed: {exc!r}"]
+    for name in SUBSCRIPTION_ATTRIBUTES:
+        if name not in sub_attributes:
+            problems.append(f"Subscription.{name} (attribute)")
+    if sub_attributes.get("_id") != 7:
+        problems.append("Subscription._id (the subscription id)")
+    return list(dict.fromkeys(problems))
+
+
+def check() -> None:
+    """Raise :class:`NatsPyIncompatible` if the installed nats-py lacks what the hooks use."""
+    problems = contract_problems()
+    if problems:
+        raise NatsPyIncompatible(
+            f"walflow: nats-py {installed_version()} is installed, but walflow's publishing path hooks nats-py "
+            f"internals it does not have as expected: {'; '.join(problems)}. Install the version walflow "
+            f"pins: pip install '{PIN}' (connectors/nats/natspy.py)"
+        )
+
+
+check()
+
+
+#: Called with a message's subject, payload and raw header block (None without headers).
+DirectHandler = Callable[[bytes, bytes, bytes | None], None]
+
+
+class WalflowClient(Client):
+    """nats-py's client, plus a raw path for the publishing hot loop.
+
+    Per message, nats-py's ``publish`` checks the subject, builds the header block and may
+    ask its flusher to run; each delivered message becomes a ``Msg`` on a queue, handed to
+    a task. For JetStream acks, at tens of thousands a second, that is most of walflow's
+    CPU. :meth:`send_raw` queues ready-made protocol commands in nats-py's own outgoing
+    queue (so they keep their place behind whatever nats-py queued before), and a
+    subscription made with :meth:`subscribe_direct` has its messages handed to a plain
+    function, straight from the protocol parser. Everything else — connecting, auth, TLS,
+    pings, reconnects and resubscribing — stays nats-py's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._direct: dict[int, tuple[Subscription, DirectHandler]] = {}
+        #: The last "Permissions Violation" the server reported (nats-py reports it only
+        #: through ``error_cb``; the request it refused then times out).
+        self.permission_violation: str | None = None
+
+    async def send_raw(self, commands: bytes) -> bool:
+        """Queue protocol ``commands`` for the socket; False (nothing queued) while disconnected:
+        nats-py would otherwise send them after a reconnect, ahead of walflow's own re-sends."""
+        if not self.is_connected:
+            return False
+        self._pending.append(commands)
+        self._pending_data_size += len(commands)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+        return True
+
+    async def subscribe_direct(self, subject: str, handler: DirectHandler) -> int:
+        """Subscribe ``handler`` to ``subject``; returns the subscription id."""
+        sub = await self.subscribe(subject)
+        self._direct[sub._id] = (sub, handler)
+        return sub._id
+
+    async def unsubscribe_direct(self, sid: int) -> None:
+        entry = self._direct.pop(sid, None)
+        if entry is not None and not self.is_closed:
+            await entry[0].unsubscribe()
+
+    def drop_pending(self) -> None:
+        """Forget what nats-py still queued for the socket. On a disconnect: it would send it
+        once it reconnects, ahead of walflow's own in-order re-sends of what was lost (those
+        messages time out and are re-sent)."""
+        self._pending = []
+        self._pending_data_size = 0
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        entry = self._direct.get(sid)
+        if entry is None:
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+        else:
+            try:
+                entry[1](subject, data, headers)
+            except Exception:  # an escape would end nats-py's read loop, silently
+                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
