@@ -28,6 +28,7 @@ from dataflows.health import serve as serve_health
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
+from transforms.convert import convert
 from transforms.envelope import Envelope
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
@@ -78,7 +79,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     for sink in sinks:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
-        keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
+        keyed = op.map_value(f"{step}_convert", op.key_on(f"{step}_group", selected, GroupKey(sink)), convert)
         messages = op.map_value(f"{step}_envelope", keyed, Envelope(sink, db.name))
         op.output(f"{step}_publish", messages, publishers[sink.name])
     return flow

@@ -1,4 +1,7 @@
-"""Helpers for tests that read a slot: a partition driven as Bytewax would, and flows to run."""
+"""Helpers for tests that read a slot: a partition driven as Bytewax would, and flows to run.
+
+They hand tests converted changes (:func:`transforms.convert.convert`), as the flow's sinks see them.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, run_main
 
 from config.schema import DatabaseConfig, ReplicationSettings
-from connectors.postgres.changes import Change
 from connectors.postgres.source import PostgresSource, SlotPartition, SourceState
+from core.events import Change
 from core.runtime import Runtime
+from transforms.convert import convert
 
 
 @contextmanager
@@ -39,7 +43,7 @@ def drain(part: SlotPartition, until: Callable[[list[Change]], bool], timeout: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s with {len(out)} changes")
         batch = part.next_batch()
-        out.extend(batch)
+        out.extend(convert(change) for change in batch)
         if not batch:
             time.sleep(0.005)
     return out
@@ -65,7 +69,7 @@ def run_flow(
     out: list[Change] = []
     flow = Dataflow("test_pg_source")
     changes = op.input("pg", flow, PostgresSource(db, settings or ReplicationSettings(), Runtime(), stop_at_lsn=stop_at_lsn))
-    op.output("out", changes, TestingSink(out))
+    op.output("out", op.map("convert", changes, convert), TestingSink(out))
     config = None
     if recovery is not None:
         if not recovery.exists():

@@ -5,7 +5,7 @@ includes nothing. Names compare exactly as Postgres stores them (``public.Orders
 ``public.orders``), and tables are written ``schema.table`` as in the config.
 
 The decision for a table depends only on its schema and name, so it is made once per table
-and cached: this runs for every change. A table the sink has never seen (one added to the
+version and cached: this runs for every change, before any value is converted. A table the sink has never seen (one added to the
 publication while walflow runs) is decided by the same rules the first time it shows up,
 so it flows without a restart.
 
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable
 
 from config.schema import SinkConfig
-from connectors.postgres.changes import Change
+from core.events import RawChange, Table
 
 log = logging.getLogger("walflow.transforms.filter")
 
@@ -46,34 +46,34 @@ class SinkFilter:
         if sink.table is not None:
             self._include_tables.append(frozenset([sink.table]))
         self._exclude_tables = _as_set(source.exclude_tables) or frozenset()
-        self._tables: dict[tuple[str, str], bool] = {}
-        self._warned_truncates: set[tuple[str, str]] = set()
+        self._tables: dict[Table, bool] = {}
+        self._warned_truncates: set[str] = set()
 
-    def __call__(self, change: Change) -> bool:
+    def __call__(self, change: RawChange) -> bool:
         if change.action in self._actions:
-            return self._receives(change.schema, change.table)
-        if change.action == "truncate" and self._receives(change.schema, change.table):
-            self._warn_truncate(change.schema, change.table)
+            return self._receives(change.table)
+        if change.action == "truncate" and self._receives(change.table):
+            self._warn_truncate(change.table)
         return False
 
-    def _receives(self, schema: str, table: str) -> bool:
-        """Whether this sink's schema/table rules admit ``schema.table`` (cached per table)."""
-        decision = self._tables.get((schema, table))
+    def _receives(self, table: Table) -> bool:
+        """Whether this sink's schema/table rules admit ``table`` (cached per table version)."""
+        decision = self._tables.get(table)
         if decision is None:
-            qualified = f"{schema}.{table}"
+            schema, qualified = table.schema, table.qualified
             decision = (
                 (self._include_schemas is None or schema in self._include_schemas)
                 and schema not in self._exclude_schemas
                 and all(qualified in names for names in self._include_tables)
                 and qualified not in self._exclude_tables
             )
-            self._tables[(schema, table)] = decision
+            self._tables[table] = decision
         return decision
 
-    def _warn_truncate(self, schema: str, table: str) -> None:
-        if (schema, table) not in self._warned_truncates:
-            self._warned_truncates.add((schema, table))
+    def _warn_truncate(self, table: Table) -> None:
+        if table.qualified not in self._warned_truncates:
+            self._warned_truncates.add(table.qualified)
             log.warning(
-                "TRUNCATE of %s.%s is not delivered to sink %s: walflow delivers row changes only",
-                schema, table, self._sink,
+                "TRUNCATE of %s is not delivered to sink %s: walflow delivers row changes only",
+                table.qualified, self._sink,
             )

@@ -2,15 +2,16 @@
 
 Changes with equal keys go to the same partition, which publishes them in the order it
 received them; that is how "commit order per row (per group key)" holds. The key is
-``"<schema>.<table>:" + JSON array of the group values``, e.g. ``public.orders:[7]``. It is
-plain text made from the values themselves (never Python's ``hash()``, which is salted per
-process), so every worker and process computes the same key for the same change, before
-and after a restart.
+``"<schema>.<table>:" + JSON array of the group columns' texts``, e.g. ``public.orders:["7"]``.
+It is made from the values as the database printed them, before any conversion (so the
+source's worker can route a change without converting it), never from Python's ``hash()``,
+which is salted per process: every worker and process computes the same key for the same
+change, before and after a restart.
 
 **Group columns**: the table's ``group_column_names`` (from ``tables:``, or the legacy
 ``table:`` + ``group_column_names:``; a ``tables:`` entry wins if both name the table), else
-the replica identity key (``Change.key_columns``, the primary key under REPLICA IDENTITY
-DEFAULT). A table without key columns (no primary key, or REPLICA IDENTITY NOTHING) is one
+the table's key (``Table.key_columns``: the primary key under REPLICA IDENTITY DEFAULT or
+FULL, the index's columns under USING INDEX). A table without key columns (no primary key, or REPLICA IDENTITY NOTHING) is one
 group: ``public.log:[]``, so its changes keep their order at the cost of parallelism.
 
 **Values** come from the new row, or from the old row for a delete. A TOASTed column that
@@ -23,11 +24,6 @@ instead, and a WARNING is logged once per table: its order relative to the row's
 changes is then no longer promised. ``ALTER TABLE … REPLICA IDENTITY FULL`` makes Postgres
 send the whole old row and removes the problem.
 
-**REPLICA IDENTITY FULL** marks *every* column as part of the identity, so without
-configured group columns the key is the whole row, and it changes whenever the row does:
-the row's changes may then land on different partitions. Configure ``group_column_names``
-(e.g. the primary key) for tables under FULL identity.
-
 With ``message_grouping: false`` each change is its own group (``"<commit_lsn>:<commit_idx>"``):
 changes spread over all partitions and no order between them is promised, as in Sequin.
 """
@@ -35,25 +31,41 @@ changes spread over all partitions and no order between them is promised, as in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final, NamedTuple
 
 from pydantic_core import to_json
 
 from config.schema import SinkConfig
-from connectors.postgres.changes import Change
-from connectors.postgres.values import UNCHANGED_TOAST, Row
+from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
 
 log = logging.getLogger("walflow.transforms.group")
 
 _ABSENT: Final = object()
 
 
-def _value(row: Row, old: Row | None, column: str) -> Any:
-    """The column's value in ``row``, its old value if TOASTed and untouched, else ``_ABSENT``."""
-    value = row.get(column, _ABSENT)
+class _Plan(NamedTuple):
+    """What the key of one table version needs, found once per version."""
+
+    prefix: str
+    #: Positions of the group columns; None when one of them is not a column of the table.
+    group: tuple[int, ...] | None
+    #: Positions of the table's key columns: the fallback.
+    key: tuple[int, ...]
+    #: Positions a key-only old row carries.
+    identity: frozenset[int]
+
+
+def _value(i: int, row: RawRow | None, row_is_key: bool, other: RawRow | None, other_is_key: bool,
+           identity: frozenset[int]) -> RawValue | object:
+    """Column ``i`` of ``row``; for an untouched TOASTed one its value in ``other`` (the old
+    row), if sent; ``_ABSENT`` when neither has it."""
+    if row is None or (row_is_key and i not in identity):
+        return _ABSENT
+    value = row[i]
     if value is UNCHANGED_TOAST:
-        value = _ABSENT if old is None else old.get(column, _ABSENT)
+        if other is None or (other_is_key and i not in identity) or other[i] is UNCHANGED_TOAST:
+            return _ABSENT
+        return other[i]
     return value
 
 
@@ -68,45 +80,55 @@ class GroupKey:
         for table in sink.tables:
             configured[table.name] = tuple(table.group_column_names)
         self._configured = configured
-        #: (schema, table) -> (key prefix, configured group columns or None): built once per table.
-        self._tables: dict[tuple[str, str], tuple[str, tuple[str, ...] | None]] = {}
-        self._warned: set[tuple[str, str]] = set()
+        self._plans: dict[Table, _Plan] = {}
+        self._warned: set[str] = set()
 
-    def __call__(self, change: Change) -> str:
+    def __call__(self, change: RawChange) -> str:
         if not self._grouping:
             return f"{change.commit_lsn}:{change.commit_idx}"
-        prefix, configured = self._table(change.schema, change.table)
-        row = (change.old if change.action == "delete" else change.new) or {}
-        values = self._values(row, change.old, configured or change.key_columns)
-        if values is None:  # a group column is missing: the key columns that are present
-            self._warn_fallback(change, configured or change.key_columns, row)
-            values = [v for c in change.key_columns if (v := _value(row, change.old, c)) is not _ABSENT]
-        return prefix + to_json(values, bytes_mode="base64", inf_nan_mode="strings", fallback=str).decode()
+        plan = self._plans.get(change.table)
+        if plan is None:
+            plan = self._plan(change.table)
+        if change.action == "delete":
+            row, row_is_key, other, other_is_key = change.old, change.old_is_key, None, False
+        else:
+            row, row_is_key, other, other_is_key = change.new, False, change.old, change.old_is_key
+        values: list[RawValue | object] = []
+        if plan.group is not None:
+            for i in plan.group:
+                value = _value(i, row, row_is_key, other, other_is_key, plan.identity)
+                if value is _ABSENT:
+                    break
+                values.append(value)
+            else:
+                return plan.prefix + to_json(values).decode()
+        # a group column is missing: the key columns that are present
+        self._warn_fallback(change, plan)
+        values = [v for i in plan.key if (v := _value(i, row, row_is_key, other, other_is_key, plan.identity))
+                  is not _ABSENT]
+        return plan.prefix + to_json(values).decode()
 
-    def _table(self, schema: str, table: str) -> tuple[str, tuple[str, ...] | None]:
-        entry = self._tables.get((schema, table))
-        if entry is None:
-            qualified = f"{schema}.{table}"
-            entry = self._tables[(schema, table)] = (f"{qualified}:", self._configured.get(qualified))
-        return entry
+    def _plan(self, table: Table) -> _Plan:
+        columns = self._configured.get(table.qualified, table.key_columns)
+        positions = table.positions
+        group = tuple(positions[c] for c in columns) if all(c in positions for c in columns) else None
+        plan = _Plan(
+            f"{table.qualified}:",
+            group,
+            tuple(positions[c] for c in table.key_columns if c in positions),
+            frozenset(positions[c] for c in table.identity_columns if c in positions),
+        )
+        self._plans[table] = plan
+        return plan
 
-    @staticmethod
-    def _values(row: Row, old: Row | None, columns: Sequence[str]) -> list[Any] | None:
-        values = []
-        for column in columns:
-            value = _value(row, old, column)
-            if value is _ABSENT:
-                return None
-            values.append(value)
-        return values
-
-    def _warn_fallback(self, change: Change, columns: Sequence[str], row: Row) -> None:
-        if (change.schema, change.table) not in self._warned:
-            self._warned.add((change.schema, change.table))
-            missing = [c for c in columns if _value(row, change.old, c) is _ABSENT]
+    def _warn_fallback(self, change: RawChange, plan: _Plan) -> None:
+        table = change.table
+        if table.qualified not in self._warned:
+            self._warned.add(table.qualified)
+            columns = self._configured.get(table.qualified, table.key_columns)
             log.warning(
-                "%s on %s.%s lacks group column(s) %s (REPLICA IDENTITY DEFAULT sends only the key, and an "
+                "%s on %s lacks group column(s) %s (REPLICA IDENTITY DEFAULT sends only the key, and an "
                 "untouched TOASTed value only under FULL): grouping by the key columns instead, so its order "
                 "relative to the row's other changes is not kept; set REPLICA IDENTITY FULL on this table",
-                change.action, change.schema, change.table, ", ".join(missing),
+                change.action, table.qualified, ", ".join(columns),
             )

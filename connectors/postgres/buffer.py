@@ -16,9 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from connectors.postgres.changes import Change
-
-Item = Change | int
+from connectors.postgres.decoder import Item
 
 
 class ChangeBuffer:
@@ -47,9 +45,6 @@ class ChangeBuffer:
     def room(self) -> int:
         """Bytes that may still be put before the buffer is full (only grows until the next put)."""
         return self.max_bytes - self._bytes
-
-    def put(self, change: Change, size: int) -> None:
-        self.put_many([change], [size], size)
 
     def put_many(self, items: list[Item], sizes: list[int], size: int) -> None:
         """Append changes and LSN markers in order, with their sizes (0 for a marker) and the

@@ -22,10 +22,6 @@ _STATUS = struct.Struct("!cQQQqB")  # 'r', write, flush, apply, clientTime, repl
 XLOGDATA_HEADER = 1 + _XLOGDATA.size  # 25: the pgoutput message starts here
 
 
-class ProtocolError(RuntimeError):
-    """The server sent a CopyData message walflow does not understand."""
-
-
 def lsn_to_str(lsn: int) -> str:
     """``0/16B3748`` form, as Postgres prints LSNs."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
@@ -71,12 +67,6 @@ class Keepalive:
 def parse_keepalive(data: memoryview | bytes) -> Keepalive:
     wal_end, _send_time, reply = _KEEPALIVE.unpack_from(data, 1)
     return Keepalive(wal_end, bool(reply))
-
-
-def xlogdata_start(data: memoryview | bytes) -> int:
-    """The dataStart of an XLogData 'w' header (0 for Relation/Type/Begin+Origin writes)."""
-    start: int = _XLOGDATA.unpack_from(data, 1)[0]
-    return start
 
 
 def status_update(write: int, flush: int, reply_requested: bool = False) -> bytes:

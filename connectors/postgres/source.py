@@ -20,8 +20,10 @@ from typing import TypedDict
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from config.schema import DatabaseConfig, ReplicationSettings
-from connectors.postgres.changes import Change
-from connectors.postgres.reader import ResumePoint, SlotReader
+from connectors.postgres.decoder import ResumePoint
+from connectors.postgres.supervisor import SlotReader
+from core.errors import FatalError
+from core.events import RawChange
 from core.runtime import Runtime
 
 log = logging.getLogger("walflow.postgres")
@@ -38,7 +40,7 @@ class SourceState(TypedDict):
     commit_idx: int
 
 
-class SlotPartition(StatefulSourcePartition[Change, SourceState]):
+class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
     """Hands the reader's changes to Bytewax, tracks the position, confirms it an epoch later."""
 
     def __init__(
@@ -66,13 +68,19 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
         self._settled = False  # every change emitted so far is covered by a confirmed snapshot
         self._idle = False
 
-    def next_batch(self) -> list[Change]:
+    def next_batch(self) -> list[RawChange]:
+        with self._runtime.guard(f"reading slot {self._reader.db.slot.name}"):
+            return self._next_batch()
+
+    def _next_batch(self) -> list[RawChange]:
         self._confirm_previous_epoch()
         if (error := self._reader.error) is not None:
+            if isinstance(error, FatalError):
+                raise error
             raise RuntimeError(f"replication of slot {self._reader.db.slot.name} failed: {error}") from error
         if self._stop_at is not None and self._lsn >= self._stop_at and self._commit_lsn is None:
             raise StopIteration
-        out: list[Change] = []
+        out: list[RawChange] = []
         if self._epoch_bytes >= self._epoch_budget:
             # Bytewax does not throttle a source within an epoch when its output crosses
             # workers: hold back until the epoch closes (the reader keeps Postgres alive).
@@ -86,7 +94,7 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
                 if self._commit_lsn is not None and item > self._commit_lsn:
                     self._commit_lsn, self._commit_idx = None, -1  # that transaction is complete
             else:
-                assert isinstance(item, Change)
+                assert isinstance(item, RawChange)
                 out.append(item)
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
         if out:
@@ -125,8 +133,8 @@ class SlotPartition(StatefulSourcePartition[Change, SourceState]):
             self._settled = not self._dirty
 
 
-class PostgresSource(FixedPartitionedSource[Change, SourceState]):
-    """Committed row changes from one database's replication slot, in commit order.
+class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
+    """Committed row changes from one database's replication slot, in commit order, values as texts.
 
     ``stop_at_lsn`` ends the stream once everything committed before that LSN was emitted
     (for bounded runs and tests); without it the source runs until the flow is stopped.

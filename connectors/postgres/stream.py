@@ -1,7 +1,12 @@
 """The walsender connection in COPY BOTH mode, on psycopg's ``pq`` layer.
 
-Everything here is non-blocking except ``start``: the reader thread decides when to wait
-on the socket, so it can keep sending status updates while it does not read.
+Everything here is non-blocking except ``start``: the session decides when to wait on the
+socket, so it can keep sending status updates while it does not read.
+
+This is where the server's errors are classified (:mod:`core.errors`): what an operator
+must fix (an invalidated slot, a dropped publication) is fatal, with what to do; a slot
+held by another connection is :class:`SlotInUse`; everything else (a restarted server, a
+terminated walsender, a reset connection) is transient.
 """
 
 from __future__ import annotations
@@ -14,16 +19,45 @@ import psycopg
 from psycopg import pq
 
 from connectors.postgres.protocol import lsn_to_str
+from connectors.postgres.slot import ReplicationSetupError
+from core.errors import FatalError, TransientError
+
+#: Errors an operator must act on, with what to do.
+_FATAL_SQLSTATES = {
+    "55000": "replication slot '{slot}' can no longer be used: {error}. PostgreSQL invalidated it (its WAL was "
+    "removed, e.g. by max_slot_wal_keep_size), so the changes since its last confirmed position are gone from it. "
+    "To recover: SELECT pg_drop_replication_slot('{slot}'); start walflow again to recreate the slot, and "
+    "backfill the tables from their current contents.",
+    "42704": "replication of slot '{slot}' stopped: {error}. The publication was dropped (or never existed) while "
+    "walflow was reading; PostgreSQL cannot decode past that point with it. Recreate the publication, then "
+    "drop and recreate the slot and backfill the changes since.",
+}
 
 
-class StreamError(RuntimeError):
-    """The server refused or ended the replication stream; ``sqlstate`` says why, if it said."""
+class StreamError(TransientError):
+    """The server refused or ended the replication stream, or the connection broke; retried."""
 
     def __init__(self, message: str, sqlstate: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
         #: When set, how soon a reconnect may try again (a stale holder was just removed).
         self.retry_after = retry_after
+
+
+class SlotInUse(StreamError):
+    """55006: another connection holds the slot (who it is decides what to do: the supervisor's job)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "55006")
+
+
+def classify(message: str, sqlstate: str | None, slot: str) -> StreamError | FatalError:
+    """The error the server's ``sqlstate`` means for replication of ``slot``."""
+    if sqlstate in _FATAL_SQLSTATES:
+        return ReplicationSetupError(_FATAL_SQLSTATES[sqlstate].format(slot=slot, error=message))
+    if sqlstate == "55006":
+        return SlotInUse(message)
+    return StreamError(message, sqlstate)
 
 
 def quote_identifier(name: str) -> str:
@@ -41,6 +75,7 @@ class ReplicationStream:
     def __init__(self, conninfo: str) -> None:
         self._conn: psycopg.Connection[Any] = psycopg.connect(conninfo, autocommit=True)
         self._pgconn = self._conn.pgconn
+        self._slot = ""
 
     @property
     def fileno(self) -> int:
@@ -56,6 +91,7 @@ class ReplicationStream:
         ``slot`` is a validated slot name (lower-case letters, digits, underscores) and the
         option names are walflow's own, so neither needs quoting.
         """
+        self._slot = slot
         opts = ", ".join(f"{key} {_quote_literal(value)}" for key, value in options.items())
         command = f"START_REPLICATION SLOT {slot} LOGICAL {lsn_to_str(lsn)} ({opts})"
         self._pgconn.send_query(command.encode())
@@ -75,7 +111,7 @@ class ReplicationStream:
         Raises ``psycopg.OperationalError`` when the connection broke."""
         return self._pgconn.get_copy_data
 
-    def ended(self) -> StreamError:
+    def ended(self) -> StreamError | FatalError:
         """Why the server ended COPY: its result's error, after ``get_copy_data`` returned a negative size."""
         return self._error(self._pgconn.get_result())
 
@@ -120,10 +156,10 @@ class ReplicationStream:
     def close(self) -> None:
         self._conn.close()
 
-    def _error(self, result: pq.abc.PGresult | None) -> StreamError:
+    def _error(self, result: pq.abc.PGresult | None) -> StreamError | FatalError:
         if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
             state = result.error_field(pq.DiagnosticField.SQLSTATE)
             message = result.error_message.decode(errors="replace").strip()
-            return StreamError(message, state.decode() if state else None)
+            return classify(message, state.decode() if state else None, self._slot)
         message = self._pgconn.error_message.decode(errors="replace").strip() or "replication connection lost"
         return StreamError(message)

@@ -1,0 +1,231 @@
+"""The slot reader: a thread that runs replication sessions, one after another, until told to stop.
+
+It owns what outlives a session: the byte-bounded buffer the partition drains, the position
+the pipeline confirmed, the heartbeat writer, and the decision what to do when a session
+ends with an error (:mod:`core.errors`): a fatal one is kept in :attr:`SlotReader.error`
+for the partition to raise; a transient one is retried with capped, jittered backoff,
+resuming exactly after the last change the session handed on. A slot held by someone
+else (``55006``) is diagnosed first: walflow's own walsender that has gone silent is
+terminated (its client is gone and the server has not noticed), anyone else is waited for.
+
+Reading does not depend on Bytewax polling: the partition only takes from the buffer and
+confirms positions; both wake the session through a pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Final
+
+import psycopg
+
+from config.schema import DatabaseConfig, ReplicationSettings
+from connectors.postgres import heartbeat
+from connectors.postgres.buffer import ChangeBuffer
+from connectors.postgres.connection import conninfo
+from connectors.postgres.decoder import ResumePoint
+from connectors.postgres.protocol import lsn_to_str
+from connectors.postgres.session import WAITING_ON_CLIENT, Session
+from connectors.postgres.slot import SlotState
+from connectors.postgres.stream import SlotInUse, StreamError
+from core.errors import TransientError
+
+log = logging.getLogger("walflow.postgres")
+
+_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
+#: A session that streamed this long (seconds) before failing met a new problem: backoff starts over.
+_BACKOFF_RESET: Final = 60.0
+
+_HOLDER_QUERY = """
+SELECT s.active_pid, r.application_name, coalesce(r.client_addr::text, 'local'),
+       extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start)), a.wait_event
+FROM pg_replication_slots s
+LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+WHERE s.slot_name = %s
+"""
+
+
+class SlotReader:
+    """Reads one slot on a background thread into :attr:`buffer`."""
+
+    def __init__(
+        self,
+        db: DatabaseConfig,
+        settings: ReplicationSettings,
+        resume: ResumePoint,
+        *,
+        application_name: str | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.resume = resume
+        self.application_name = application_name or f"walflow:{db.slot.name}"
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._wake_w, False)
+        self._pipe_open = True
+        self._pipe_lock = threading.Lock()
+        self.buffer = ChangeBuffer(settings.buffer_mb * 1024 * 1024, on_room=self._wake)
+        #: Why reading stopped for good: a FatalError, or what nobody expected.
+        self.error: BaseException | None = None
+        self.slot_state: SlotState | None = None
+        self.connected = False
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"walflow-reader-{db.slot.name}", daemon=True)
+        self._confirmed = resume.lsn
+        self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
+        self.heartbeat_rtt = 0.0  # its round trip, in seconds
+        interval = settings.heartbeat_interval_ms / 1000
+        self._heartbeats = heartbeat.HeartbeatWriter(db, interval) if interval else None
+
+    # -- control, from the Bytewax worker thread --------------------------------------------
+
+    def start(self) -> SlotReader:
+        self._thread.start()
+        if self._heartbeats is not None:
+            self._heartbeats.start()
+        return self
+
+    def health(self) -> dict[str, object]:
+        """What readiness looks at: connected, heartbeat fresh, no fatal error."""
+        interval = self.settings.heartbeat_interval_ms / 1000
+        age = time.time() - self.heartbeat_seen if self.heartbeat_seen else None
+        fresh = not interval or (age is not None and age < 3 * interval + 5)
+        return {
+            "slot": self.db.slot.name,
+            "connected": self.connected,
+            "error": str(self.error) if self.error else None,
+            "confirmed_lsn": lsn_to_str(self._confirmed),
+            "heartbeat_age_s": None if age is None else round(age, 3),
+            "heartbeat_rtt_ms": round(self.heartbeat_rtt * 1000, 1),
+            "ready": self.connected and self.error is None and fresh,
+        }
+
+    def confirm(self, lsn: int) -> None:
+        """Everything before ``lsn`` is durable downstream: report it as the flush position."""
+        self._confirmed = max(self._confirmed, lsn)
+        self._wake()
+
+    @property
+    def confirmed(self) -> int:
+        return self._confirmed
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the thread to finish: it confirms what it was told, ends COPY and closes."""
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
+        self.stopping.set()
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        elif self._thread.ident is None:
+            self._close_pipe()  # never started
+
+    # -- what sessions call back -------------------------------------------------------------
+
+    def drain_wakeups(self, readable: list[int]) -> None:
+        if self.wake_fd in readable:
+            try:
+                while os.read(self.wake_fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def on_message(self, prefix: str, content: bytes) -> None:
+        """walflow's heartbeats; others' logical messages are not row changes and are not emitted."""
+        if prefix == heartbeat.PREFIX and (sent := heartbeat.decode(content, self.db.slot.name)):
+            self.heartbeat_seen = time.time()
+            self.heartbeat_rtt = self.heartbeat_seen - sent
+
+    def _wake(self) -> None:
+        with self._pipe_lock:
+            if self._pipe_open:
+                try:
+                    os.write(self._wake_w, b"\0")
+                except BlockingIOError:
+                    pass  # already woken: the pipe is full
+
+    def _close_pipe(self) -> None:
+        with self._pipe_lock:
+            if self._pipe_open:
+                self._pipe_open = False
+                os.close(self.wake_fd)
+                os.close(self._wake_w)
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._supervise()
+        except Exception as exc:  # noqa: BLE001 - not swallowed: the partition raises it in the flow
+            if not self.stopping.is_set():
+                log.error("replication of slot %s failed: %s", self.db.slot.name, exc)
+                self.error = exc
+        finally:
+            self._close_pipe()
+
+    def _supervise(self) -> None:
+        """Run sessions; after a transient error reconnect with capped, jittered backoff.
+
+        A FatalError (and anything unexpected) ends the thread: :attr:`error` keeps it.
+        psycopg's OperationalError is a connection that failed or broke: transient.
+        """
+        delay = _BACKOFF_MIN
+        while not self.stopping.is_set():
+            session = Session(self.db, self.settings, self.resume, self, self.application_name)
+            started = time.monotonic()
+            try:
+                session.run()
+                return
+            except SlotInUse as exc:
+                problem, retry_after = self._slot_holder(exc)
+            except StreamError as exc:
+                problem, retry_after = str(exc), exc.retry_after
+            except (TransientError, psycopg.OperationalError) as exc:
+                problem, retry_after = str(exc), None
+            finally:
+                self.resume = session.resume_point()
+            if time.monotonic() - started > _BACKOFF_RESET:
+                delay = _BACKOFF_MIN
+            if retry_after is not None:
+                delay = retry_after
+            wait = delay * random.uniform(0.8, 1.2)
+            first_line = problem.strip().splitlines()[0] if problem.strip() else "?"
+            log.warning("replication of slot %s interrupted: %s; reconnecting in %.1fs",
+                        self.db.slot.name, first_line, wait)
+            self.stopping.wait(wait)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _slot_holder(self, exc: SlotInUse) -> tuple[str, float | None]:
+        """55006: who holds the slot, and how soon to try again. walflow's own silent
+        walsender (its client gone, unnoticed by the server) is terminated; anyone else is
+        waited for, and named."""
+        try:
+            with psycopg.connect(conninfo(self.db, application_name=self.application_name), autocommit=True) as meta:
+                row = meta.execute(_HOLDER_QUERY, [self.db.slot.name]).fetchone()
+                if row is None or row[0] is None:
+                    return "the slot was busy and has just been released", 0.1
+                pid, app, client, silent, wait_event = row
+                silent_s = float(silent) if silent is not None else 0.0
+                stale_after = 3 * self.settings.status_interval_ms / 1000
+                # ours, silent, and idle or blocked on its client: a walsender busy replaying a large
+                # transaction also reads no replies, and must not be taken for a hung one (split brain)
+                if app == self.application_name and silent_s > stale_after and wait_event in WAITING_ON_CLIENT:
+                    meta.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+                    log.warning("slot %s was held by walflow's own walsender PID %s, silent for %.0fs: terminated it",
+                                self.db.slot.name, pid, silent_s)
+                    return f"terminated a stale walsender (PID {pid})", 0.1
+        except psycopg.OperationalError as error:  # the server went away meanwhile: just retry
+            return f"{exc}; could not ask who holds the slot: {error}", None
+        holder = (f"slot {self.db.slot.name} is in use by PID {pid} (application_name '{app}', client {client}, "
+                  f"last reply {silent_s:.0f}s ago); waiting for it to be released ({exc})")
+        return holder, None

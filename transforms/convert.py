@@ -1,0 +1,55 @@
+"""Conversion: a change's column texts to Python values, through the loaders its table carries.
+
+A stage of its own so that it can run wherever the flow puts it: the source's worker does
+everything that must be serial (framing, positions, the group key) on texts, and this —
+with the envelope, the CPU-heavy part — can follow the exchange to the worker that owns
+the key. It needs nothing but the change: the :class:`core.events.Table` the change refers
+to holds a loader per column.
+
+- A value a loader cannot represent (``infinity`` dates, BC or year-10000 timestamps)
+  falls back to its text, exactly: nothing is lost and the pipeline does not stop.
+- ``None`` (NULL) and ``UNCHANGED_TOAST`` pass as they are.
+- A key-only old row (``old_is_key``: a delete, or an update that changed the key, under
+  REPLICA IDENTITY DEFAULT) reports the replica identity's columns only: the others are
+  absent, not NULL.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import psycopg
+
+from core.events import Change, RawChange, RawRow, Row, Table
+
+#: What a loader raises for a value Python cannot hold; the value then falls back to its text.
+_UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
+
+
+def convert_row(table: Table, raw: RawRow) -> Row:
+    """``raw`` (column texts in the table's column order) as ``{column: value}``."""
+    out: Row = {}
+    for name, load, value in zip(table.columns, table.loaders, raw, strict=True):
+        if type(value) is bytes:
+            try:
+                out[name] = load(value)
+            except _UNLOADABLE:
+                out[name] = value.decode("utf-8", "replace")
+        else:
+            out[name] = value
+    return out
+
+
+def _key_row(table: Table, raw: RawRow) -> Row:
+    row = convert_row(table, raw)
+    keys = table.identity_columns
+    return {name: value for name, value in row.items() if name in keys}
+
+
+def convert(change: RawChange) -> Change:
+    """The ``convert`` step: ``change`` with its values converted."""
+    table = change.table
+    new = None if change.new is None else convert_row(table, change.new)
+    old = None if change.old is None else (_key_row if change.old_is_key else convert_row)(table, change.old)
+    return Change(change.action, table.schema, table.name, table.key_columns, new, old,
+                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid)
