@@ -28,13 +28,13 @@ import psycopg
 import pytest
 
 from config.schema import ReplicationSettings
+from core.ids import IdScheme
 from embedded import wait_for
 from embedded._process import ServerProcess, free_port
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import Stored, assert_running, pipeline, stored, write_config
 from tests.replication import drain_snapshotting, partition
-from transforms.envelope import key_prefix
 
 KILLS = int(os.environ.get("WALFLOW_CHAOS_KILLS", "3"))
 TABLES = ("t1", "t2", "t3")
@@ -173,7 +173,7 @@ def _reference(db: Database, names: TestNames, end: int) -> dict[str, tuple[str,
     cfg = db.config(create=False).model_copy(
         update={"slot": db.config().slot.model_copy(update={"name": f"{names.slot}_ref"})}
     )
-    prefix = key_prefix("shop", "chaos")
+    prefix = IdScheme("shop", "chaos").prefix
     out: dict[str, tuple[str, str, dict[str, Any]]] = {}
     with partition(cfg, ReplicationSettings(batch_size=5000)) as part:
         changes, _ = drain_snapshotting(part, lambda _, state: state["lsn"] >= end, timeout=180)
