@@ -111,6 +111,7 @@ class _Sink(FixedPartitionedSink[int, None]):
         return _SinkPart(self.ledger, for_part)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recovery", [False, True], ids=["without-recovery", "with-recovery"])
 def test_source_is_called_again_only_after_the_sinks_finished_the_epoch(recovery: bool, tmp_path: Path) -> None:
     ledger = Ledger()

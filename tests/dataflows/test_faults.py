@@ -27,6 +27,7 @@ def _exactly_once(nats_url: str, stream: str, count: int) -> None:
     assert ids == list(range(1, count + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_postgres_restart_under_load(
     mode: str, pg: Postgres, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str,
@@ -54,6 +55,7 @@ def test_postgres_restart_under_load(
     _exactly_once(nats_srv.url, names.stream, writer.count)
 
 
+@pytest.mark.slow
 def test_a_hung_walflow_is_replaced_by_a_new_one(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_hung_walflow_is_replaced_by_a_new_one(
     _exactly_once(nats_srv.url, names.stream, writer.count)
 
 
+@pytest.mark.slow
 def test_a_hung_foreign_holder_is_waited_for_then_the_slot_taken(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

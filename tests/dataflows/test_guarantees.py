@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import nats
+import pytest
 
 from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
@@ -34,6 +35,7 @@ def _last_seq(url: str, stream: str) -> int:
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_nats_outage_under_load_holds_the_slot_and_loses_nothing(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -69,6 +71,7 @@ def test_nats_outage_under_load_holds_the_slot_and_loses_nothing(
     assert samples[-1] == samples[len(samples) // 2]  # and it stood still
 
 
+@pytest.mark.slow
 def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
