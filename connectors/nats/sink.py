@@ -102,7 +102,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 except FatalError:
                     raise
                 except Exception as exc:
-                    denied = permission_error(nc, dest, f"sink '{self.sink.name}''s JetStream API request")
+                    denied = permission_error(nc, dest, f"a JetStream API request of sink '{self.sink.name}'")
                     if denied is not None:
                         raise denied from exc
                     raise
