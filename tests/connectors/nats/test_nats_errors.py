@@ -74,6 +74,7 @@ def test_a_wrong_nats_password_stops_with_one_line(
     assert "wrong-pw" not in line  # never the secret itself
 
 
+@pytest.mark.slow  # the refused request times out first (5 s)
 def test_a_user_without_permission_on_the_jetstream_api_stops_with_one_line(
     tmp_path: Path, database: Database, auth_nats: NatsServer, names: TestNames
 ) -> None:
