@@ -106,6 +106,7 @@ def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProce
         yield procs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["single", "single-r", "threads", "cluster-r"])
 def test_kill_9_under_load_loses_and_repeats_nothing(
     mode: str, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path

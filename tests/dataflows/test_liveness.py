@@ -33,6 +33,7 @@ def _rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 def test_a_long_catch_up_is_not_mistaken_for_a_stall(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -61,6 +62,7 @@ def test_a_long_catch_up_is_not_mistaken_for_a_stall(
     assert sorted(e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_nats_away_with_a_small_memory_bound(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
