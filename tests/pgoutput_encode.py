@@ -1,4 +1,4 @@
-"""A pgoutput encoder for the tests: the inverse of ``connectors.postgres.pgoutput``.
+"""A pgoutput encoder for the tests: the inverse of ``tests.pgoutput_reference``.
 
 Written from PostgreSQL's ``proto.c`` (``logicalrep_write_*``), independently of the decoder's tables,
 so that ``encode(decode(b)) == b`` on real captured bytes checks the decoder against the server, and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import assert_never
 
-from connectors.postgres.pgoutput import (
+from tests.pgoutput_reference import (
     Begin,
     BeginPrepare,
     Commit,

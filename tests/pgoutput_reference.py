@@ -1,4 +1,10 @@
-"""Decoding of pgoutput, PostgreSQL's logical replication protocol, versions 1 to 4.
+"""The tests' reference decoder of pgoutput, PostgreSQL's logical replication protocol, versions 1 to 4.
+
+walflow's own decoder (``connectors/postgres/decoder.py``) reads only what its session asks
+for, straight into changes and positions. This one reads every message of every protocol
+version into a typed object, written independently and checked against a real server
+(``tests/connectors/postgres/test_pgoutput_reference.py``): it is the oracle that walflow's
+decoder is differentially tested against.
 
 Every XLogData payload from a pgoutput slot holds exactly one message: a type byte, then fields in
 network byte order as PostgreSQL's ``proto.c`` writes them. :class:`Decoder` turns one such payload
@@ -9,10 +15,6 @@ bytes it could not read loses changes without noticing.
 
 The decoder stops at the wire format. Column values stay the raw text or ``typsend`` bytes the server
 sent, and relations, transactions and streamed transactions are the caller's to track.
-
-Row changes dominate the traffic, so Begin, Insert/Update/Delete and Commit take the short path:
-precompiled :class:`struct.Struct` readers applied to the original buffer, one bounds check per value,
-and NUL terminators found with :meth:`bytes.find`.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ class ChangeBuffer:
         """Append changes and LSN markers in order, with their sizes (0 for a marker) and the
         sizes' total: what one burst of the reader decoded, under one lock.
 
-        A leading marker collapses into a marker that ends the buffer, as :meth:`mark` does;
-        the caller collapses consecutive markers within ``items``.
+        A leading marker collapses into a marker that ends the buffer; the caller collapses
+        consecutive markers within ``items``.
         """
         if not items:
             return
@@ -66,10 +66,6 @@ class ChangeBuffer:
                 self._sizes.extend(sizes)
             self._bytes += size
             self.high_water = max(self.high_water, self._bytes)
-
-    def mark(self, lsn: int) -> None:
-        """Everything put so far lies before ``lsn``; consecutive markers collapse into one."""
-        self.put_many([lsn], [0], 0)
 
     def take(self, max_items: int, finish_within: int = 0) -> tuple[list[Item], int]:
         """Up to ``max_items`` items, oldest first, and their size; wakes the reader if it

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import calendar
 import datetime as dt
 import ipaddress
 import json
@@ -19,19 +18,10 @@ from hypothesis import strategies as st
 from psycopg.types.multirange import Multirange
 from psycopg.types.range import Range
 
-from config.schema import SinkConfig
 from core.events import UNCHANGED_TOAST, Action, Change, Message, Row
 from core.ids import IdScheme
+from tests.transforms.samples import TS, TS_US, make_sink
 from transforms.envelope import Envelope, iso_duration, pg_text
-
-TS = dt.datetime(2026, 11, 30, 4, 0, 0, 123456, tzinfo=dt.UTC)
-TS_US = calendar.timegm((2026, 11, 30, 4, 0, 0)) * 1_000_000 + 123456
-
-
-def make_sink(**fields: Any) -> SinkConfig:
-    """A sink as the config loader builds it; ``fields`` override the defaults."""
-    base: dict[str, Any] = {"name": "app-to-nats", "database": "app", "destination": {"type": "nats", "host": "nats"}}
-    return SinkConfig.model_validate({**base, **fields})
 
 
 def make_change(

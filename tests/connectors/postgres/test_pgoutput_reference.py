@@ -1,4 +1,4 @@
-"""The pgoutput decoder against bytes from a real PostgreSQL 15, and against fuzzed and random input.
+"""The reference pgoutput decoder (the oracle of walflow's own) against a real PostgreSQL 15, and fuzzed input.
 
 Each ``capture_*`` function runs one workload with its own tables, publication and slot, and returns
 what ``pg_logical_slot_get_binary_changes`` produced: one pgoutput message per row, exactly the payload
@@ -23,7 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from connectors.postgres.pgoutput import (
+from tests.harness import Database, Postgres, TestNames
+from tests.pgoutput_encode import encode
+from tests.pgoutput_reference import (
     Begin,
     BeginPrepare,
     Column,
@@ -49,8 +51,6 @@ from connectors.postgres.pgoutput import (
     Type,
     Update,
 )
-from tests.harness import Database, Postgres, TestNames
-from tests.pgoutput_encode import encode
 
 Conn = psycopg.Connection[tuple[object, ...]]
 Row = tuple[int, bytes]  # (the SQL function's lsn column, one pgoutput message)

@@ -1,0 +1,46 @@
+"""Conversion: column texts to values through each table's loaders; what cannot be held stays text."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import psycopg
+
+from core.events import UNCHANGED_TOAST, Change, Loader
+from tests.transforms.samples import TS, raw_change
+from transforms.convert import convert
+
+
+def _too_far(text: bytes) -> dt.date:
+    if text == b"infinity":
+        raise psycopg.DataError("date too large (after year 10K): 'infinity'")
+    return dt.date.fromisoformat(text.decode())
+
+
+LOADERS: dict[str, Loader] = {"id": int, "amount": lambda text: Decimal(text.decode()), "day": _too_far}
+
+
+def test_values_are_loaded_by_their_columns_loaders() -> None:
+    change = convert(raw_change(new={"id": b"7", "amount": b"12.50", "day": b"2024-02-29", "note": b"x"},
+                                loaders=LOADERS, idx=3))
+    assert change == Change("insert", "public", "orders", ("id",),
+                            {"id": 7, "amount": Decimal("12.50"), "day": dt.date(2024, 2, 29), "note": "x"}, None,
+                            22150152, 3, TS, 4711)
+
+
+def test_what_python_cannot_hold_stays_its_exact_text() -> None:
+    change = convert(raw_change(new={"id": b"1", "day": b"infinity"}, loaders=LOADERS))
+    assert change.new == {"id": 1, "day": "infinity"}
+
+
+def test_null_and_unchanged_toast_pass_as_they_are() -> None:
+    change = convert(raw_change("update", new={"id": b"1", "note": None, "body": UNCHANGED_TOAST}, loaders=LOADERS))
+    assert change.new == {"id": 1, "note": None, "body": UNCHANGED_TOAST}
+
+
+def test_a_key_only_old_row_reports_the_identity_columns_only() -> None:
+    change = convert(raw_change("delete", columns=("note",), old={"id": b"7"}, old_is_key=True, loaders=LOADERS))
+    assert change.old == {"id": 7} and change.new is None
+    full = convert(raw_change("delete", old={"id": b"7", "note": None}, loaders=LOADERS))
+    assert full.old == {"id": 7, "note": None}  # a full old row: NULL is NULL

@@ -1,0 +1,139 @@
+"""Which changes a sink receives: actions, schema and table rules, legacy ``table``; truncates never."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.events import Action
+from tests.transforms.samples import make_sink, raw_change
+from transforms.filter import SinkFilter
+
+
+@pytest.mark.parametrize("action", ["insert", "update", "delete"])
+def test_default_sink_receives_every_row_change_of_every_table(action: Action) -> None:
+    accept = SinkFilter(make_sink())
+    assert accept(raw_change(action, old={"id": b"7"}))
+    assert accept(raw_change(action, schema="other", table="anything", old={"id": b"7"}))
+
+
+@pytest.mark.parametrize(
+    ("fields", "schema", "table", "action", "passes"),
+    [
+        ({"actions": ["insert"]}, "public", "orders", "insert", True),
+        ({"actions": ["insert"]}, "public", "orders", "update", False),
+        ({"actions": ["insert"]}, "public", "orders", "delete", False),
+        ({"actions": ["update", "delete"]}, "public", "orders", "delete", True),
+        ({"source": {"include_schemas": ["public"]}}, "public", "orders", "insert", True),
+        ({"source": {"include_schemas": ["public"]}}, "app", "orders", "insert", False),
+        ({"source": {"include_schemas": []}}, "public", "orders", "insert", False),  # empty list: nothing
+        ({"source": {"exclude_schemas": ["audit"]}}, "audit", "log", "insert", False),
+        ({"source": {"exclude_schemas": ["audit"]}}, "public", "log", "insert", True),
+        ({"source": {"include_tables": ["public.orders"]}}, "public", "orders", "insert", True),
+        ({"source": {"include_tables": ["public.orders"]}}, "public", "items", "insert", False),
+        ({"source": {"include_tables": ["public.orders"]}}, "app", "orders", "insert", False),
+        ({"source": {"exclude_tables": ["public.json_web_tokens"]}}, "public", "json_web_tokens", "insert", False),
+        ({"source": {"exclude_tables": ["public.json_web_tokens"]}}, "app", "json_web_tokens", "insert", True),
+        ({"source": {"include_tables": ["public.Orders"]}}, "public", "orders", "insert", False),  # exact names
+        ({"table": "public.orders"}, "public", "orders", "update", True),
+        ({"table": "public.orders"}, "public", "items", "update", False),
+        # every condition must hold
+        ({"source": {"include_schemas": ["public"], "exclude_tables": ["public.secret"]}}, "public", "secret",
+         "insert", False),
+        ({"source": {"include_schemas": ["public"], "exclude_tables": ["public.secret"]}}, "public", "orders",
+         "insert", True),
+        ({"source": {"include_tables": ["public.orders"], "exclude_schemas": ["public"]}}, "public", "orders",
+         "insert", False),
+        ({"source": {"include_tables": ["public.orders"], "exclude_tables": ["public.orders"]}}, "public",
+         "orders", "insert", False),
+        ({"table": "public.orders", "source": {"include_tables": ["public.items"]}}, "public", "orders", "insert",
+         False),
+        ({"table": "public.orders", "source": {"include_schemas": ["app"]}}, "public", "orders", "insert", False),
+        ({"table": "public.orders", "actions": ["delete"]}, "public", "orders", "insert", False),
+        ({"table": "public.orders", "actions": ["delete"]}, "public", "orders", "delete", True),
+    ],
+)
+def test_filter_rules(fields: dict[str, Any], schema: str, table: str, action: Action, passes: bool) -> None:
+    change = raw_change(action, schema=schema, table=table, old={"id": b"7"})
+    accept = SinkFilter(make_sink(**fields))
+    assert accept(change) is passes
+    assert accept(change) is passes  # and again, from the per-table cache
+
+
+SCHEMAS = ["public", "app", "a.b"]
+TABLES = ["orders", "secret", "c"]
+QUALIFIED = [f"{s}.{t}" for s in SCHEMAS for t in TABLES]
+
+
+def _maybe_subset(names: list[str]) -> st.SearchStrategy[list[str] | None]:
+    return st.none() | st.lists(st.sampled_from(names), unique=True)
+
+
+@given(
+    actions=st.lists(st.sampled_from(["insert", "update", "delete"]), min_size=1, unique=True),
+    include_schemas=_maybe_subset(SCHEMAS),
+    exclude_schemas=_maybe_subset(SCHEMAS),
+    include_tables=_maybe_subset(QUALIFIED),
+    exclude_tables=_maybe_subset(QUALIFIED),
+    legacy=st.none() | st.sampled_from(QUALIFIED),
+    changes=st.lists(
+        st.tuples(st.sampled_from(["insert", "update", "delete", "truncate"]), st.sampled_from(SCHEMAS),
+                  st.sampled_from(TABLES)),
+        min_size=1, max_size=12,
+    ),
+)
+def test_filter_is_the_conjunction_of_its_rules(
+    actions: list[str],
+    include_schemas: list[str] | None,
+    exclude_schemas: list[str] | None,
+    include_tables: list[str] | None,
+    exclude_tables: list[str] | None,
+    legacy: str | None,
+    changes: list[tuple[Action, str, str]],
+) -> None:
+    """Any combination: a change passes exactly when every rule admits it (truncates: never)."""
+    source = {"include_schemas": include_schemas, "exclude_schemas": exclude_schemas,
+              "include_tables": include_tables, "exclude_tables": exclude_tables}
+    accept = SinkFilter(make_sink(actions=actions, source=source, table=legacy))
+    for action, schema, table in changes:
+        name = f"{schema}.{table}"
+        expected = (
+            action in actions
+            and (include_schemas is None or schema in include_schemas)
+            and schema not in (exclude_schemas or [])
+            and (include_tables is None or name in include_tables)
+            and name not in (exclude_tables or [])
+            and (legacy is None or name == legacy)
+        )
+        assert accept(raw_change(action, schema=schema, table=table, old={"id": b"1"})) is expected
+
+
+def test_truncate_never_passes_and_warns_once_per_table(caplog: pytest.LogCaptureFixture) -> None:
+    accept = SinkFilter(make_sink(name="audit", source={"exclude_tables": ["public.skipped"]}))
+    with caplog.at_level(logging.WARNING, logger="walflow.transforms.filter"):
+        results = [
+            accept(raw_change("truncate", table="orders")),
+            accept(raw_change("truncate", table="orders")),
+            accept(raw_change("truncate", table="items")),
+            accept(raw_change("truncate", table="skipped")),  # not this sink's table: no noise
+            accept(raw_change("truncate", table="orders")),
+        ]
+    assert results == [False] * 5
+    assert [r.getMessage() for r in caplog.records] == [
+        "TRUNCATE of public.orders is not delivered to sink audit: walflow delivers row changes only",
+        "TRUNCATE of public.items is not delivered to sink audit: walflow delivers row changes only",
+    ]
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_tables_first_seen_later_pass_by_the_same_rules() -> None:
+    """A table added to the publication while walflow runs needs no restart."""
+    accept = SinkFilter(make_sink(source={"include_schemas": ["public"], "exclude_tables": ["public.secret"]}))
+    assert accept(raw_change(table="orders"))
+    assert accept(raw_change(table="created_later"))
+    assert not accept(raw_change(schema="later_schema", table="created_later"))
+    assert not accept(raw_change(table="secret"))
