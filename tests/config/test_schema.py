@@ -9,7 +9,7 @@ import pytest
 
 from config import Config, ConfigError, config_path, load_config, parse_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "config" / "examples" / "sequin-seed.yaml"
 DEFAULT = ROOT / "config" / "walflow.yaml"
 
