@@ -59,6 +59,8 @@ class Control(Protocol):
     wake_fd: int
     connected: bool
     slot_state: SlotState | None
+    #: The key columns used per relation so far in this run (:class:`~connectors.postgres.types.Catalog`).
+    table_keys: dict[int, tuple[str, ...]]
 
     @property
     def confirmed(self) -> int:
@@ -103,7 +105,7 @@ class Session:
         control = self.control
         with psycopg.connect(conninfo(self.db, application_name=self.application_name), autocommit=True) as meta:
             control.slot_state = state = prepare(meta, self.db)
-            decoder = self.decoder = Decoder(Catalog(meta), self.resume, control.on_message)
+            decoder = self.decoder = Decoder(Catalog(meta, control.table_keys), self.resume, control.on_message)
             stream = ReplicationStream(
                 conninfo(
                     self.db,

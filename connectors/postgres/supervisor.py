@@ -74,6 +74,7 @@ class SlotReader:
         #: Why reading stopped for good: a FatalError, or what nobody expected.
         self.error: BaseException | None = None
         self.slot_state: SlotState | None = None
+        self.table_keys: dict[int, tuple[str, ...]] = {}
         self.connected = False
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"walflow-reader-{db.slot.name}", daemon=True)

@@ -172,9 +172,11 @@ class Catalog:
     before it), and reads :attr:`commit_time` once.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], keys: dict[int, tuple[str, ...]] | None = None) -> None:
         """``conn``: a normal connection made by :func:`~connectors.postgres.connection.conninfo`
-        (its pinned settings), used by the catalog alone: the loaders above are registered on it."""
+        (its pinned settings), used by the catalog alone: the loaders above are registered on it.
+        ``keys``: the key columns used per relation so far in this run, shared by the run's
+        sessions (a reconnect must not change which partition a row goes to)."""
         self._conn = conn
         _register_loaders(conn)
         self._tx = Transformer(conn)
@@ -182,7 +184,7 @@ class Catalog:
         #: Type OID → (namespace, name) of its base type, as pgoutput's Type messages said.
         self._type_names: dict[int, tuple[str, str]] = {}
         #: Relation OID → the key columns used for it in this run (``()``: one group).
-        self._keys: dict[int, tuple[str, ...]] = {}
+        self._keys: dict[int, tuple[str, ...]] = {} if keys is None else keys
         self._commit_time: Callable[[bytes], datetime] | None = None
 
     def type_seen(self, type_name: TypeName) -> None:
