@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from config.interpolate import InterpolationError, interpolate
@@ -87,29 +88,47 @@ def drop_ignored(model: type[Section], data: Any, loc: Location) -> list[str]:
             del data[key]
             warnings.append(f"{format_path([*loc, key])} is ignored: {reason}")
     for name, field in model.model_fields.items():
-        child = _section_type(field.annotation)
-        if child is None or name not in data:
+        if name not in data:
             continue
         value = data[name]
         if isinstance(value, list):
             for i, item in enumerate(value):
-                warnings += drop_ignored(child, item, [*loc, name, i])
-        else:
+                if (child := _section_for(field, item)) is not None:
+                    warnings += drop_ignored(child, item, [*loc, name, i])
+        elif (child := _section_for(field, value)) is not None:
             warnings += drop_ignored(child, value, [*loc, name])
     return warnings
 
 
-def _section_type(annotation: Any) -> type[Section] | None:
-    """The Section model inside ``X``, ``list[X]`` or ``X | None``, if any."""
+def _sections(annotation: Any) -> list[type[Section]]:
+    """The Section models inside ``X``, ``list[X]``, ``X | None`` or a union of them."""
     if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (list, typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _section_type(arg)
-            if found is not None:
-                return found
+        return [annotation]
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        return [model for arg in typing.get_args(annotation) for model in _sections(arg)]
+    return []
+
+
+def _discriminator(field: FieldInfo) -> str | None:
+    return field.discriminator if isinstance(field.discriminator, str) else None
+
+
+def _tagged(field: FieldInfo, tag: object) -> type[Section] | None:
+    """The member of ``field``'s discriminated union whose tag is ``tag``."""
+    discriminator = _discriminator(field)
+    for model in _sections(field.annotation):
+        member = model.model_fields.get(discriminator or "")
+        if member is not None and tag in typing.get_args(member.annotation):
+            return model
     return None
+
+
+def _section_for(field: FieldInfo, data: Any) -> type[Section] | None:
+    """The model ``data`` is validated with: in a discriminated union, the member its tag names."""
+    if _discriminator(field) is not None:
+        return _tagged(field, data.get(_discriminator(field)) if isinstance(data, dict) else None)
+    models = _sections(field.annotation)
+    return models[0] if models else None
 
 
 # -- error messages --------------------------------------------------------------------------
@@ -124,13 +143,20 @@ def format_path(loc: Location) -> str:
 
 def describe(error: ErrorDetails) -> str:
     """One line for one pydantic error: the key path, then what is wrong and what is expected."""
-    loc = [part for part in error["loc"] if not _is_tag(part)]
+    raw = [part for part in error["loc"] if not _is_tag(part)]
+    loc, _ = _walk(raw)
     path = format_path(loc)
     kind = error["type"]
     if kind == "extra_forbidden":
-        return f"{path}: unknown key{_suggestion(loc)}"
+        return f"{path}: unknown key{_suggestion(raw)}"
     if kind == "missing":
         return f"{path}: required key is missing"
+    context = error.get("ctx") or {}
+    if kind == "union_tag_not_found":
+        return f"{path}.{context['discriminator'].strip(chr(39))}: required key is missing"
+    if kind == "union_tag_invalid":
+        return (f"{path}.{context['discriminator'].strip(chr(39))}: Input should be {context['expected_tags']} "
+                f"(got {context['tag']!r})")
     message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not loc and ":" in message.split(" ")[0]:
         return message  # a cross-reference check that names its own path
@@ -154,7 +180,8 @@ def _show(value: Any) -> str:
 
 
 def _suggestion(loc: Location) -> str:
-    model = _model_at(loc[:-1])
+    """Which keys are known where ``loc`` (as pydantic gives it, tags included) ends."""
+    _, model = _walk(loc[:-1])
     if model is None:
         return ""
     known = sorted(model.model_fields)
@@ -163,16 +190,28 @@ def _suggestion(loc: Location) -> str:
     return f"{hint}; expected one of: {', '.join(known)}"
 
 
-def _model_at(loc: Location) -> type[BaseModel] | None:
+def _walk(loc: Location) -> tuple[list[str | int], type[BaseModel] | None]:
+    """``loc`` without the tags pydantic puts after a discriminated union's key, and the model
+    the last part of it is validated with (None below a plain value)."""
     model: type[BaseModel] | None = Config
-    for part in loc:
-        if model is None:
-            return None
-        if isinstance(part, int):
+    out: list[str | int] = []
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        out.append(part)
+        if model is None or isinstance(part, int):
             continue
         field = model.model_fields.get(part)
-        model = _section_type(field.annotation) if field is not None else None
-    return model
+        if field is None:
+            model = None
+        elif _discriminator(field) is not None:
+            while parts and isinstance(parts[0], int):  # a list of tagged sections
+                out.append(parts.pop(0))
+            model = _tagged(field, parts.pop(0)) if parts else None
+        else:
+            sections = _sections(field.annotation)
+            model = sections[0] if sections else None
+    return out, model
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -196,6 +196,10 @@ class NatsDestination(Section):
         return self.stream.subjects if self.stream.subjects is not None else [f"{self.subject_prefix}.>"]
 
 
+#: Where a sink publishes, chosen by its ``type``. One kind today (NATS JetStream); another is
+#: one more model in this union and a connector beside ``connectors/nats``.
+Destination = Annotated[NatsDestination, Field(discriminator="type")]
+
 #: Sequin functions are Elixir code that walflow cannot run; only "none" keeps the meaning.
 NoFunction = Literal["none"]
 
@@ -234,7 +238,7 @@ class SinkConfig(Section):
     transform: NoFunction | None = None
     routing: NoFunction | None = None
     enrichment: NoFunction | None = None
-    destination: NatsDestination
+    destination: Destination
 
     @field_validator("actions")
     @classmethod

@@ -127,6 +127,7 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         # missing required
         (("    hostname: 127.0.0.1\n", ""), "databases[0].hostname: required key is missing"),
         (("type: nats, ", ""), "sinks[0].destination.type: required key is missing"),
+        (("type: nats, ", "type: kafka, "), "sinks[0].destination.type: Input should be 'nats' (got 'kafka')"),
         # semantic checks
         (("database: app\n    destination", "database: nope\n    destination"),
          "sinks[0].database: 'nope' is not a database in this file (databases: app)"),
