@@ -1,14 +1,15 @@
 """Publishing to JetStream with many acknowledgements in flight, matched by walflow itself.
 
-nats-py's ``publish_async`` costs ~25 µs a message, mostly building a ``PubAck`` per ack,
-and even its core ``publish`` costs ~15 µs once headers, subject checks and a flush
-request per call add up (``shared/reference/nats-jetstream.md``). Here a batch of
+nats-py's ``publish_async`` builds a future and a ``PubAck`` per message, and even its core
+``publish`` checks the subject, builds the headers and asks for a flush per call: at tens of
+thousands of messages a second that was most of walflow's CPU (``shared/reference/nats-jetstream.md``,
+the README's Performance section). Here a batch of
 messages is written as one block of ``HPUB`` commands, each with a reply subject that is
 a token under one wildcard inbox, through nats-py's own outgoing queue (so nothing
 overtakes a command nats-py queued first). Acks arrive on that inbox and are read
 straight from the wire (:class:`connectors.nats.connection.WalflowClient`): ``seq`` from
 the JSON, an error only when there is one. nats-py still does connection, auth, TLS and
-reconnects. Measured on this machine: ~5 µs of CPU per message, send and ack together.
+reconnects.
 
 Order and retries: messages go out in order on one connection, so JetStream stores them
 in order. When any message fails (no ack within ``ack_timeout``, a disconnect, a retryable

@@ -36,10 +36,9 @@ def pg_timestamp(us: int) -> datetime:
     """A wire timestamp as an aware UTC datetime (microseconds kept).
 
     Called for every transaction, so it takes the faster way first: ``fromtimestamp`` on a
-    float (0.3 µs; ``PG_EPOCH + timedelta`` takes 0.6). The float is exact to well under a
-    microsecond for any date near the present; the result is used only if its microseconds
-    are the wire value's, which makes it exact (the float is never off by a whole second),
-    else the exact sum is computed.
+    float, which is exact to well under a microsecond for any date near the present; the
+    result is used only if its microseconds are the wire value's, which makes it exact (the
+    float is never off by a whole second), else the exact sum is computed.
     """
     unix_us = us + _PG_EPOCH_UNIX_US
     try:

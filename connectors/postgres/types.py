@@ -11,8 +11,8 @@ that for every built-in type, so walflow never parses a type by hand. What this 
   of those, through psycopg's ``oid[]``/``int2[]`` loaders.
 - **inet, cidr** and their arrays load as Postgres's own text (``str``): Python's
   :mod:`ipaddress` would rewrite some of them (``::ffff:1.2.3.4`` → ``::ffff:102:304``).
-- **json/jsonb** load with orjson where it gives what ``json.loads`` gives (about 7x faster
-  for small documents): see :func:`json_loads`.
+- **json/jsonb** load with orjson where it gives what ``json.loads`` gives (several times
+  faster for small documents): see :func:`json_loads`.
 
 These loaders are registered on the catalog's own connection, not globally.
 
