@@ -20,8 +20,8 @@ changed key), the old value of each column whose value differs (``{}`` if none d
 its old value when Postgres sent the old row, else ``"unchanged_toast"`` (Sequin's marker),
 and ``changes`` leaves it out, since nothing says whether it changed.
 
-**Values.** ``pydantic_core.to_json`` encodes the row in Rust (2-3x faster than
-``json.dumps`` here) and already writes most types as Sequin consumers expect: numeric as a
+**Values.** ``pydantic_core.to_json`` encodes the row in Rust (faster than ``json.dumps``)
+and already writes most types as Sequin consumers expect: numeric as a
 string (exact), timestamptz as ISO 8601 with ``Z``, timestamp without zone as ISO 8601
 without one, dates and times as ISO, uuid and inet/cidr as text, json/jsonb embedded as
 JSON, arrays as JSON arrays, NaN/±Infinity floats as the strings ``"NaN"``/``"Infinity"``.
