@@ -131,8 +131,10 @@ class EpochPacer:
         """``snapshot`` was called at ``now`` (Bytewax's next epoch starts in this activation)."""
         if self._last_snapshot is not None:
             gap = now - self._last_snapshot
-            if self._interval is None or (not self._ending and gap < self._interval):
-                self._interval = gap  # learned, or the engine's epoch is shorter than thought
+            if self._interval is None or (not self._ending and gap < self._interval - self._guard):
+                # Learned; or the engine's epoch is clearly shorter than thought (a snapshot
+                # late in its activation can make a gap look a little short: not that).
+                self._interval = gap
         self._last_snapshot = now
         self._snapshot_at = now
         self._boundary = now + self._interval if self._interval is not None else None
