@@ -31,6 +31,7 @@ from core.errors import FatalError
 from core.events import Message
 from core.ids import IdScheme
 from core.runtime import Runtime
+from core.threads import keep_thread_state
 from core.tokens import escape_token
 
 log = logging.getLogger("walflow.nats")
@@ -117,9 +118,11 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
         return horizon(self._published or frozenset(), self.ids)
 
     def list_parts(self) -> list[str]:
+        keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]
 
     def build_part(self, step_id: str, for_part: str, resume_state: SinkState | None) -> JetStreamPartition:
+        keep_thread_state()
         with self.runtime.guard(f"{for_part}: setting up"):
             dest = self.sink.destination
             nc = self.runtime.run(self._connection())

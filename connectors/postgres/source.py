@@ -14,7 +14,8 @@ at the end of epoch e is confirmed to Postgres on the next call, never earlier.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import datetime
 from typing import TypedDict
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
@@ -24,12 +25,14 @@ from connectors.postgres.decoder import ResumePoint
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
 from core.events import RawChange
+from core.pacing import EpochPacer
 from core.runtime import Runtime
+from core.threads import keep_thread_state
 
 log = logging.getLogger("walflow.postgres")
 
 #: How long an idle partition waits before Bytewax polls it again (it must not block).
-_IDLE_POLL = timedelta(milliseconds=5)
+_IDLE_POLL = 0.005
 
 
 class SourceState(TypedDict):
@@ -67,12 +70,15 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._dirty = False  # changes emitted since the last snapshot
         self._settled = False  # every change emitted so far is covered by a confirmed snapshot
         self._idle = False
+        # Built in build_part, where Bytewax's first epoch starts: see core/pacing.py.
+        self._pacer = EpochPacer(time.time())
 
     def next_batch(self) -> list[RawChange]:
         with self._runtime.guard(f"reading slot {self._reader.db.slot.name}"):
             return self._next_batch()
 
     def _next_batch(self) -> list[RawChange]:
+        self._pacer.polled(time.time())
         self._confirm_previous_epoch()
         if (error := self._reader.error) is not None:
             if isinstance(error, FatalError):
@@ -107,9 +113,11 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         return out
 
     def next_awake(self) -> datetime | None:
-        return datetime.now(UTC) + _IDLE_POLL if self._idle else None
+        # Never a time that passes while the next epoch waits on the probe (core/pacing.py).
+        return self._pacer.next_awake(time.time(), _IDLE_POLL if self._idle else None)
 
     def snapshot(self) -> SourceState:
+        self._pacer.snapshotted(time.time())
         self._confirm_previous_epoch()
         self._epoch_bytes = 0
         if self._commit_lsn is None:
@@ -159,9 +167,11 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         self.stop_at_lsn = stop_at_lsn
 
     def list_parts(self) -> list[str]:
+        keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
         return [self.db.slot.name]
 
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
+        keep_thread_state()
         resume = ResumePoint(**resume_state) if resume_state else ResumePoint()
         reader = SlotReader(self.db, self.settings, resume).start()
         self.runtime.register(reader)
