@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import bytewax.operators as op
+import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -203,6 +204,7 @@ def test_a_paced_source_does_not_spin_while_a_sink_snapshot_blocks() -> None:
     assert cpu < 0.5, cpu
 
 
+@pytest.mark.slow
 def test_control_an_unpaced_source_spins_through_the_wait() -> None:
     cpu_unpaced, _, threads = _cpu_while_the_sink_blocks(paced=False)
     assert threads["sink"] != threads["source"]

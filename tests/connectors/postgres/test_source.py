@@ -206,6 +206,7 @@ def test_truncate_and_full_identity_keys(orders: Database) -> None:
     assert truncates[0].commit_lsn == truncates[1].commit_lsn and [t.commit_idx for t in truncates] == [0, 1]
 
 
+@pytest.mark.slow
 def test_million_row_transaction_streams_in_bounded_memory(orders: Database) -> None:
     cfg = orders.config(create=False)
     settings = ReplicationSettings(buffer_mb=4, batch_size=5000)
@@ -226,6 +227,7 @@ def test_million_row_transaction_streams_in_bounded_memory(orders: Database) -> 
     assert rss_growth_mb < 150, f"RSS grew {rss_growth_mb:.0f} MB"
 
 
+@pytest.mark.slow
 def test_full_buffer_keeps_the_connection_alive(orders: Database) -> None:
     """Not consuming for 3x wal_sender_timeout: status updates keep the walsender from timing out."""
     cfg = orders.config(create=False)
