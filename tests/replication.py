@@ -5,13 +5,16 @@ They hand tests converted changes (:func:`transforms.convert.convert`), as the f
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import bytewax.operators as op
+import psycopg
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, run_main
@@ -83,3 +86,24 @@ def run_flow(
 def rows(changes: list[Change]) -> list[tuple[str, str, object]]:
     """(action, table, id) per change: a compact view for order assertions."""
     return [(c.action, c.table, (c.new or c.old or {}).get("id")) for c in changes]
+
+
+_XLOGDATA = struct.Struct("!cQQq")  # 'w', dataStart, walEnd, sendTime
+
+
+def slot_messages(
+    conn: psycopg.Connection[Any], slot: str, publication: str, *, upto: int | None = None, consume: bool = False
+) -> list[bytes]:
+    """The slot's pgoutput messages (up to LSN ``upto``) framed as the walsender sends them: XLogData
+    with the message's LSN as dataStart and walEnd. ``consume`` moves the slot past them."""
+    function = "pg_logical_slot_get_binary_changes" if consume else "pg_logical_slot_peek_binary_changes"
+    rows = conn.execute(
+        f"SELECT (lsn - '0/0')::bigint, data FROM {function}(%s, %s::text::pg_lsn, NULL, "
+        "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+        [slot, None if upto is None else f"{upto >> 32:X}/{upto & 0xFFFFFFFF:X}", publication],
+    ).fetchall()
+    out = []
+    for lsn, data in rows:
+        assert isinstance(lsn, int) and isinstance(data, bytes)
+        out.append(_XLOGDATA.pack(b"w", lsn, lsn, 0) + data)
+    return out

@@ -17,12 +17,11 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from packaging.requirements import Requirement
 
-from config.schema import NatsDestination
 from connectors.nats import natspy
-from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import hpub, msg_id_headers
 from core.runtime import Runtime
+from tests.connectors.nats.clients import nats_client
 from tests.harness import Nats, TestNames
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,13 +85,8 @@ def test_a_changed_nats_py_fails_at_import_with_the_version_and_the_pin(monkeypa
 
 @pytest.fixture
 def nc(nats_srv: Nats) -> Iterator[WalflowClient]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    dest = NatsDestination.model_validate({"type": "nats", "host": host, "port": int(port)})
-    client = runtime.run(connect(dest, name="walflow-contract"))
-    try:
+    with nats_client(runtime, nats_srv.url, "walflow-contract") as client:
         yield client
-    finally:
-        runtime.run(client.close())
 
 
 def test_send_raw_and_subscribe_direct_on_a_real_server(nc: WalflowClient, names: TestNames) -> None:

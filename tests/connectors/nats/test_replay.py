@@ -6,12 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from config.schema import NatsDestination
-from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.replay import _boundary, already_published, horizon, ids_since
 from core.ids import IdScheme
 from core.runtime import Runtime
+from tests.connectors.nats.clients import nats_client
 from tests.harness import Nats, TestNames
 
 runtime = Runtime()
@@ -22,13 +21,8 @@ OTHER_DB = IdScheme("crm", "s1")
 
 @pytest.fixture
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    dest = NatsDestination.model_validate({"type": "nats", "host": host, "port": int(port)})
-    client = runtime.run(connect(dest, name="walflow-replay-test"))
-    try:
+    with nats_client(runtime, nats_srv.url, "walflow-replay-test") as client:
         yield client
-    finally:
-        runtime.run(client.close())
 
 
 def _id(ids: IdScheme, lsn: int, idx: int = 0) -> str:

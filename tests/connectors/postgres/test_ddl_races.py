@@ -21,6 +21,7 @@ from connectors.postgres.decoder import Decoder, ResumePoint
 from connectors.postgres.types import Catalog
 from core.events import RawChange
 from tests.harness import Database, TestNames
+from tests.replication import slot_messages
 from tests.transforms.samples import make_sink
 from transforms.group import GroupKey
 
@@ -37,19 +38,9 @@ def full_table(database: Database, names: TestNames) -> Iterator[Database]:
     yield database
 
 
-def _wal(db: Database, names: TestNames, upto: int) -> list[bytes]:
-    """The slot's messages up to LSN ``upto``, consumed, as XLogData."""
+def _read(db: Database, names: TestNames, upto: int) -> list[bytes]:
     with db.connect() as conn:
-        rows = conn.execute(
-            "SELECT (lsn - '0/0')::bigint, data FROM pg_logical_slot_get_binary_changes(%s, %s::text::pg_lsn, NULL, "
-            "'proto_version', '1', 'publication_names', %s)",
-            [names.slot, f"{upto >> 32:X}/{upto & 0xFFFFFFFF:X}", names.publication],
-        ).fetchall()
-    out = []
-    for lsn, data in rows:
-        assert isinstance(lsn, int) and isinstance(data, bytes)
-        out.append(_HEADER.pack(b"w", lsn, lsn, 0) + data)
-    return out
+        return slot_messages(conn, names.slot, names.publication, upto=upto, consume=True)
 
 
 @pytest.mark.parametrize("reconnect", [False, True], ids=["one session", "a reconnect between"])
@@ -70,13 +61,13 @@ def test_a_rows_changes_keep_one_group_across_ddl(full_table: Database, names: T
     changes: list[RawChange] = []
     with psycopg.connect(conninfo(config, application_name="test"), autocommit=True) as meta:
         decoder = Decoder(Catalog(meta, keys), ResumePoint())
-        for message in _wal(full_table, names, first_stage):  # read while the table is as it was
+        for message in _read(full_table, names, first_stage):  # read while the table is as it was
             decoder.feed(message)
         with full_table.connect() as conn:
             conn.execute(ddl)  # walflow lags: the DDL commits before it reads the rest
         if reconnect:
             decoder = Decoder(Catalog(meta, keys), ResumePoint())
-        for message in _wal(full_table, names, second_stage):
+        for message in _read(full_table, names, second_stage):
             decoder.feed(message)
         changes = [item for item in decoder.take()[0] if isinstance(item, RawChange)]
     by_row: dict[bytes, set[str]] = {}

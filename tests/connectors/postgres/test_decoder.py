@@ -41,6 +41,7 @@ from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
 from tests import pgoutput_reference as ref
 from tests.harness import Database, TestNames
 from tests.pgoutput_encode import encode
+from tests.replication import slot_messages
 
 _HEADER = struct.Struct("!cQQq")  # XLogData: 'w', dataStart, walEnd, sendTime
 _TS = 770_000_000_000_000  # a commit time in 2024, in Postgres-epoch microseconds
@@ -327,15 +328,7 @@ def captured(pg_server: Any) -> Iterator[Captured]:
         with db.connect() as conn:
             for statement in WORKLOAD:
                 conn.execute(statement.replace("{slot}", names.slot).replace("{publication}", names.publication))
-            rows = conn.execute(
-                "SELECT (lsn - '0/0')::bigint, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
-                "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
-                [names.slot, names.publication],
-            ).fetchall()
-        messages = []
-        for lsn, data in rows:
-            assert isinstance(lsn, int) and isinstance(data, bytes)
-            messages.append(_HEADER.pack(b"w", lsn, lsn, 0) + data)
+            messages = slot_messages(conn, names.slot, names.publication)
         commits = [struct.unpack_from("!xxQQ", m, 25) for m in messages if m[25:26] == b"C"]
         with psycopg.connect(conninfo(db.config(create=False), application_name="test"), autocommit=True) as meta:
             yield Captured(messages, [(c, e) for c, e in commits], Catalog(meta))
