@@ -3,7 +3,8 @@
 Public helpers: :func:`write_config` (a walflow.yaml for a test's database and NATS),
 :func:`pipeline` (the dataflow in its own process), :func:`assert_running` (a ``wait_for``
 check that fails with the pipeline's log once it exited), :func:`stored` / :class:`Stored`
-(what JetStream holds), and ``ROOT`` (the repository).
+(what JetStream holds), :func:`run_to_exit` and :func:`fatal_line` (a pipeline that must
+stop by itself, and the one line it stops with), and ``ROOT`` (the repository).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -134,3 +136,27 @@ def stored(url: str, stream: str) -> list[Stored]:
             await nc.close()
 
     return asyncio.run(read())
+
+
+def run_to_exit(config: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """The pipeline for ``config``, run to its exit (killed, and the test failed, past ``timeout``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bytewax.run", "dataflows.cdc"],
+        cwd=ROOT,
+        env={**os.environ, "WALFLOW_CONFIG": str(config)},
+        stdin=subprocess.DEVNULL,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def fatal_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one ``walflow:`` line of a fatal stop; asserts exit status 2, no traceback, no panic."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "panicked" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("walflow:")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+

@@ -32,7 +32,7 @@ from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT, Session
 from connectors.postgres.slot import SlotState
 from connectors.postgres.stream import SlotInUse, StreamError
-from core.errors import TransientError
+from core.errors import FatalError, TransientError
 
 log = logging.getLogger("walflow.postgres")
 
@@ -169,7 +169,8 @@ class SlotReader:
             self._supervise()
         except Exception as exc:  # noqa: BLE001 - not swallowed: the partition raises it in the flow
             if not self.stopping.is_set():
-                log.error("replication of slot %s failed: %s", self.db.slot.name, exc)
+                if not isinstance(exc, FatalError):  # a fatal one is reported once, by the flow
+                    log.error("replication of slot %s failed: %s", self.db.slot.name, exc)
                 self.error = exc
         finally:
             self._close_pipe()

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from connectors.postgres.slot import ReplicationSetupError
@@ -19,7 +18,7 @@ from embedded import PostgresServer, wait_for
 from tests.harness import Database, Nats, TestNames, walsender
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import assert_running, pipeline, stored, write_config
+from tests.pipeline import assert_running, fatal_line, pipeline, run_to_exit, stored, write_config
 from tests.replication import drain, partition
 from tests.workload import OUTAGE, Inserter, setup_events
 
@@ -107,21 +106,33 @@ def small_wal_server() -> Iterator[PostgresServer]:
         yield server
 
 
-def test_an_invalidated_slot_is_one_clear_error(small_wal_server: PostgresServer, names: TestNames) -> None:
-    with psycopg.connect(small_wal_server.dsn(), autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, payload text)")
-        conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
-        for i in range(6):  # well past max_slot_wal_keep_size, then a checkpoint removes the WAL
-            conn.execute("INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(%s::int, %s::int) g",
-                         [i * 20000, i * 20000 + 19999])
-            conn.execute("SELECT pg_switch_wal()")
-            conn.execute("CHECKPOINT")
-        row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", [names.slot]).fetchone()
-    assert row == ("lost",)
-    db = Database(small_wal_server, names).config(create=False).model_copy(update={"database": "postgres"})
-    with partition(db) as part, pytest.raises(ReplicationSetupError) as info:  # a fatal error, raised as itself
-        drain(part, lambda out: False, timeout=30)
-    message = str(info.value)
-    assert f"replication slot '{names.slot}' was invalidated by PostgreSQL (wal_status = lost)" in message
-    assert f"SELECT pg_drop_replication_slot('{names.slot}')" in message and "backfill" in message
+def test_an_invalidated_slot_is_one_clear_error(
+    small_wal_server: PostgresServer, nats_srv: Nats, names: TestNames, tmp_path: Path
+) -> None:
+    """Raised as itself by the source; the pipeline stops with that one line, exit status 2."""
+    database = Database(small_wal_server, names)
+    database.create()
+    try:
+        with database.connect() as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, payload text)")
+            conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
+            for i in range(6):  # well past max_slot_wal_keep_size, then a checkpoint removes the WAL
+                conn.execute("INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(%s::int, %s::int) g",
+                             [i * 20000, i * 20000 + 19999])
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+            row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                               [names.slot]).fetchone()
+        assert row == ("lost",)
+        with partition(database.config(create=False)) as part, pytest.raises(ReplicationSetupError) as info:
+            drain(part, lambda out: False, timeout=30)
+        message = str(info.value)
+        assert f"replication slot '{names.slot}' was invalidated by PostgreSQL (wal_status = lost)" in message
+        assert f"SELECT pg_drop_replication_slot('{names.slot}')" in message and "backfill" in message
+        sink = {"name": "events", "destination": {"subject_prefix": names.subject_prefix,
+                                                  "stream": {"name": names.stream}}}
+        line = fatal_line(run_to_exit(write_config(tmp_path, database, nats_srv, names, [sink], log_level="warning")))
+        assert line == f"walflow: {message}"
+    finally:
+        database.drop()

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 
 from embedded import NatsServer
 from tests.harness import Database, Nats, TestNames
-from tests.pipeline import ROOT, write_config
+from tests.pipeline import fatal_line, run_to_exit, write_config
 
 PASSWORD = "right-pw"
 AUTH = (
@@ -39,35 +36,12 @@ def auth_nats() -> Iterator[NatsServer]:
         yield server
 
 
-def _run(config: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """The pipeline, to its exit (killed and failed past ``timeout``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "bytewax.run", "dataflows.cdc"],
-        cwd=ROOT,
-        env={**os.environ, "WALFLOW_CONFIG": str(config)},
-        stdin=subprocess.DEVNULL,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _one_fatal_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The one ``walflow:`` line of a fatal stop; asserts status 2 and no traceback."""
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and "panicked" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.startswith("walflow:")]
-    assert len(lines) == 1, done.stderr
-    return lines[0]
-
-
 def test_a_wrong_nats_password_stops_with_one_line(
     tmp_path: Path, database: Database, auth_nats: NatsServer, names: TestNames
 ) -> None:
     sink = {"name": "events", "destination": {"username": "walflow", "password": "wrong-pw",
                                               "subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    line = _one_fatal_line(_run(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
+    line = fatal_line(run_to_exit(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
     assert line.startswith(f"walflow: NATS at {auth_nats.url} refused the credentials"), line
     assert "Authorization Violation" in line
     assert "check destination.username ('walflow') and password" in line
@@ -80,7 +54,7 @@ def test_a_user_without_permission_on_the_jetstream_api_stops_with_one_line(
 ) -> None:
     sink = {"name": "events", "destination": {"username": "nojs", "password": PASSWORD,
                                               "subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    line = _one_fatal_line(_run(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
+    line = fatal_line(run_to_exit(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
     assert line.startswith(f"walflow: NATS at {auth_nats.url} refused a JetStream API request of sink 'events' ("), line
     assert 'permissions violation for publish to "$js.api.stream.info.' in line.lower()  # what nats-py reported
     assert "grant user 'nojs' publish permission on $JS.API.>" in line
@@ -98,7 +72,7 @@ def test_a_stream_with_other_subjects_stops_with_one_line(
 
     asyncio.run(create())
     sink = {"name": "events", "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    line = _one_fatal_line(_run(write_config(tmp_path, database, nats_srv, names, [sink], log_level="warning")))
+    line = fatal_line(run_to_exit(write_config(tmp_path, database, nats_srv, names, [sink], log_level="warning")))
     assert line.startswith(
         f"walflow: JetStream stream '{names.stream}' captures ['{names.subject_prefix}.other.>'], not walflow's "
         f"subjects '{names.subject_prefix}.shop.>' for database 'shop'"
