@@ -314,12 +314,14 @@ class Decoder:
         idx = self._txn_idx
         self._txn_idx = idx + 1
         if idx > self._txn_emitted:
-            values = (0 if new is None else ncols) + (0 if old is None else ncols)
-            self._stage(
-                RawChange(action, table, new, old, old_is_key, commit_lsn, idx,
-                          self._txn_ts, self._txn_xid),
-                change_memory(len(buf), values),
-            )
+            # what _stage and change_memory do, inline: this runs for every change
+            size = (_MEMORY_PER_CHANGE + _MEMORY_PER_WAL_BYTE * len(buf)
+                    + _MEMORY_PER_COLUMN * ((0 if new is None else ncols) + (0 if old is None else ncols)))
+            self.staged.append(RawChange(action, table, new, old, old_is_key, commit_lsn, idx,
+                                         self._txn_ts, self._txn_xid))
+            self.staged_sizes.append(size)
+            self.staged_size += size
+            self._last = (commit_lsn, idx)
 
     # -- everything else -------------------------------------------------------------------
 
