@@ -115,10 +115,6 @@ class RawChange(NamedTuple):
     commit_ts: datetime
     xid: int
 
-    @property
-    def position(self) -> Position:
-        return Position(self.commit_lsn, self.commit_idx)
-
 
 class Change(NamedTuple):
     """A :class:`RawChange` with its values converted: what the envelope renders."""

@@ -1,8 +1,10 @@
 """The CDC dataflow: ``WALFLOW_CONFIG=config/walflow.yaml python -m bytewax.run dataflows.cdc``.
 
 It only wires steps. For the configured database, one Postgres source; for each active
-sink of that database: filter → group key → envelope (Sequin's JSON, subject, msg id) →
-JetStream. Each sink filters on its own; a disabled sink is not built at all.
+sink of that database: filter → group key (both on column texts) → convert (texts to
+values) → envelope (Sequin's JSON and the message id) → JetStream (which addresses it).
+Each sink filters on its own; a disabled sink is not built at all. The flow's parts share
+one :class:`core.runtime.Runtime`.
 
 Step ids derive from sink names: with recovery (``-r``) a renamed sink starts afresh.
 """
@@ -66,10 +68,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     replay_from = confirmed_lsn(db)
-    publishers = {
-        sink.name: JetStreamSink(sink, db.name, replay_from, runtime)
-        for sink in sinks
-    }
+    publishers = {sink.name: JetStreamSink(sink, db.name, replay_from, runtime) for sink in sinks}
     replay_horizon = max(publish.prepare() for publish in publishers.values())
     flow = Dataflow("walflow")
     source = PostgresSource(
@@ -79,8 +78,9 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     for sink in sinks:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
-        keyed = op.map_value(f"{step}_convert", op.key_on(f"{step}_group", selected, GroupKey(sink)), convert)
-        messages = op.map_value(f"{step}_envelope", keyed, Envelope(sink, db.name))
+        keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
+        converted = op.map_value(f"{step}_convert", keyed, convert)
+        messages = op.map_value(f"{step}_envelope", converted, Envelope(sink, db.name))
         op.output(f"{step}_publish", messages, publishers[sink.name])
     return flow
 
