@@ -2,7 +2,8 @@
 
 It only wires steps. For the configured database, one Postgres source; for each active
 sink of that database: filter → group key (both on column texts) → convert (texts to
-values) → envelope (Sequin's JSON and the message id) → JetStream (which addresses it).
+values) and envelope (Sequin's JSON and the message id), one step → JetStream (which
+addresses it).
 Each sink filters on its own; a disabled sink is not built at all. The flow's parts share
 one :class:`core.runtime.Runtime`.
 
@@ -30,7 +31,7 @@ from dataflows.health import serve as serve_health
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
-from transforms.convert import convert
+from transforms.convert import converting
 from transforms.envelope import Envelope
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
@@ -79,8 +80,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
         keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
-        converted = op.map_value(f"{step}_convert", keyed, convert)
-        messages = op.map_value(f"{step}_envelope", converted, Envelope(sink, db.name))
+        messages = op.map_value(f"{step}_envelope", keyed, converting(Envelope(sink, db.name)))
         op.output(f"{step}_publish", messages, publishers[sink.name])
     return flow
 

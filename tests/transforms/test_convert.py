@@ -9,7 +9,7 @@ import psycopg
 
 from core.events import UNCHANGED_TOAST, Change, Loader
 from tests.transforms.samples import TS, raw_change
-from transforms.convert import convert
+from transforms.convert import convert, converting
 
 
 def _too_far(text: bytes) -> dt.date:
@@ -44,3 +44,14 @@ def test_a_key_only_old_row_reports_the_identity_columns_only() -> None:
     assert change.old == {"id": 7} and change.new is None
     full = convert(raw_change("delete", old={"id": b"7", "note": None}, loaders=LOADERS))
     assert full.old == {"id": 7, "note": None}  # a full old row: NULL is NULL
+
+
+def test_converting_feeds_a_step_with_the_converted_change() -> None:
+    seen: list[Change] = []
+
+    def step(change: Change) -> int:
+        seen.append(change)
+        return change.commit_idx
+
+    raw = raw_change(new={"id": b"7"}, loaders=LOADERS, idx=4)
+    assert converting(step)(raw) == 4 and seen == [convert(raw)]
