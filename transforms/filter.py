@@ -5,7 +5,7 @@ includes nothing. Names compare exactly as Postgres stores them (``public.Orders
 ``public.orders``), and tables are written ``schema.table`` as in the config.
 
 The decision for a table depends only on its schema and name, so it is made once per table
-version and cached: this runs for every change, before any value is converted. A table the sink has never seen (one added to the
+and cached: this runs for every change, before any value is converted. A table the sink has never seen (one added to the
 publication while walflow runs) is decided by the same rules the first time it shows up,
 so it flows without a restart.
 
@@ -46,7 +46,8 @@ class SinkFilter:
         if sink.table is not None:
             self._include_tables.append(frozenset([sink.table]))
         self._exclude_tables = _as_set(source.exclude_tables) or frozenset()
-        self._tables: dict[Table, bool] = {}
+        #: ``schema.table`` -> decision: one entry per table, however many versions come by.
+        self._tables: dict[str, bool] = {}
         self._warned_truncates: set[str] = set()
 
     def __call__(self, change: RawChange) -> bool:
@@ -57,17 +58,18 @@ class SinkFilter:
         return False
 
     def _receives(self, table: Table) -> bool:
-        """Whether this sink's schema/table rules admit ``table`` (cached per table version)."""
-        decision = self._tables.get(table)
+        """Whether this sink's schema/table rules admit ``table`` (cached per table)."""
+        qualified = table.qualified
+        decision = self._tables.get(qualified)
         if decision is None:
-            schema, qualified = table.schema, table.qualified
+            schema = table.schema
             decision = (
                 (self._include_schemas is None or schema in self._include_schemas)
                 and schema not in self._exclude_schemas
                 and all(qualified in names for names in self._include_tables)
                 and qualified not in self._exclude_tables
             )
-            self._tables[table] = decision
+            self._tables[qualified] = decision
         return decision
 
     def _warn_truncate(self, table: Table) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Final, NamedTuple
 
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import SinkConfig
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
@@ -69,6 +69,14 @@ def _value(i: int, row: RawRow | None, row_is_key: bool, other: RawRow | None, o
     return value
 
 
+def _json(values: list[RawValue | object]) -> str:
+    """The texts as a JSON array; texts that are not UTF-8 (a ``SQL_ASCII`` database) in URL-safe base64."""
+    try:
+        return to_json(values).decode()
+    except PydanticSerializationError:
+        return to_json(values, bytes_mode="base64").decode()
+
+
 class GroupKey:
     """``key`` step of one sink: the text that picks a change's sink partition."""
 
@@ -80,15 +88,17 @@ class GroupKey:
         for table in sink.tables:
             configured[table.name] = tuple(table.group_column_names)
         self._configured = configured
-        self._plans: dict[Table, _Plan] = {}
+        #: ``schema.table`` -> the last table version seen and its plan: one entry per table,
+        #: however many versions (a Relation message per session and per DDL) come by.
+        self._plans: dict[str, tuple[Table, _Plan]] = {}
         self._warned: set[str] = set()
 
     def __call__(self, change: RawChange) -> str:
         if not self._grouping:
             return f"{change.commit_lsn}:{change.commit_idx}"
-        plan = self._plans.get(change.table)
-        if plan is None:
-            plan = self._plan(change.table)
+        table = change.table
+        cached = self._plans.get(table.qualified)
+        plan = cached[1] if cached is not None and cached[0] is table else self._plan(table)
         if change.action == "delete":
             row, row_is_key, other, other_is_key = change.old, change.old_is_key, None, False
         else:
@@ -101,12 +111,12 @@ class GroupKey:
                     break
                 values.append(value)
             else:
-                return plan.prefix + to_json(values).decode()
+                return plan.prefix + _json(values)
         # a group column is missing: the key columns that are present
         self._warn_fallback(change, plan)
         values = [v for i in plan.key if (v := _value(i, row, row_is_key, other, other_is_key, plan.identity))
                   is not _ABSENT]
-        return plan.prefix + to_json(values).decode()
+        return plan.prefix + _json(values)
 
     def _plan(self, table: Table) -> _Plan:
         columns = self._configured.get(table.qualified, table.key_columns)
@@ -118,7 +128,7 @@ class GroupKey:
             tuple(positions[c] for c in table.key_columns if c in positions),
             frozenset(positions[c] for c in table.identity_columns if c in positions),
         )
-        self._plans[table] = plan
+        self._plans[table.qualified] = (table, plan)
         return plan
 
     def _warn_fallback(self, change: RawChange, plan: _Plan) -> None:

@@ -46,8 +46,10 @@ an array of a custom type, a domain over one of those).
   changes in order, with one warning per table saying why: a FULL table whose primary key
   is not in the catalog (it never had one, or the table or key was dropped before walflow
   read its changes), whose primary key is not among its published columns, or whose key
-  columns are gone. A relation already keyed never switches to another key, nor to one
-  group while its key columns exist; one that became one group stays one for the run.
+  columns are gone. Under FULL, a relation already keyed never switches to another key,
+  nor to one group while its key columns exist; one that became one group stays one for
+  the run. (Changing a table's replica identity itself while walflow runs does change its
+  key: the old and the new one are what Postgres says identifies a row.)
 
 Values a loader cannot represent (``infinity`` dates, BC timestamps) are not this module's
 concern: :mod:`transforms.convert` falls back to their text.

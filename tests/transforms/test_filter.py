@@ -137,3 +137,9 @@ def test_tables_first_seen_later_pass_by_the_same_rules() -> None:
     assert accept(raw_change(table="created_later"))
     assert not accept(raw_change(schema="later_schema", table="created_later"))
     assert not accept(raw_change(table="secret"))
+
+
+def test_one_decision_per_table_however_many_versions_come_by() -> None:
+    accept = SinkFilter(make_sink())
+    assert all(accept(raw_change()) for _ in range(50))
+    assert len(accept._tables) == 1

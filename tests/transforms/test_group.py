@@ -126,3 +126,18 @@ def test_group_key_is_the_same_in_every_process() -> None:
                              capture_output=True, text=True, check=True)
         keys.add(out.stdout.rstrip("\n"))
     assert keys == {'public.t:["1234567890.123456789012345678901234567890","2024-01-02 03:04:05.123456+00","héllo"]'}
+
+
+def test_texts_that_are_not_utf8_still_make_a_key() -> None:
+    """A SQL_ASCII database sends any bytes: the key is then made from their base64."""
+    key = GroupKey(make_sink())
+    first = key(raw_change(new={"id": b"\xff\xfe"}))
+    assert first == 'public.orders:["__4="]' and key(raw_change("update", new={"id": b"\xff\xfe"})) == first
+
+
+def test_one_plan_per_table_however_many_versions_come_by() -> None:
+    """Every session and every DDL brings a new version of a table: the cache does not grow with them."""
+    key = GroupKey(make_sink())
+    for n in range(50):
+        assert key(raw_change(new={"id": str(n).encode()})) == f'public.orders:["{n}"]'
+    assert len(key._plans) == 1
