@@ -200,6 +200,30 @@ class NatsDestination(Section):
 #: one more model in this union and a connector beside ``connectors/nats``.
 Destination = Annotated[NatsDestination, Field(discriminator="type")]
 
+class InitialBackfill(Section):
+    """One table of a sink's ``initial_backfill`` list: all of it, or from a sort column's position on."""
+
+    table: QualifiedTable
+    type: Literal["full", "partial"] = "full"
+    #: ``partial``: rows whose ``sort_column`` is at or after ``start_position`` (in the column's own type).
+    sort_column: str | None = Field(default=None, min_length=1)
+    start_position: str | None = None
+
+    @field_validator("start_position", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        """YAML reads ``2025-01-01`` or ``100`` as a date or a number: Postgres parses the text."""
+        return value if value is None or isinstance(value, str) else str(value)
+
+    @model_validator(mode="after")
+    def _partial(self) -> InitialBackfill:
+        if self.type == "partial" and (self.sort_column is None or self.start_position is None):
+            raise ValueError("a partial backfill needs sort_column and start_position")
+        if self.type == "full" and (self.sort_column is not None or self.start_position is not None):
+            raise ValueError("sort_column and start_position belong to type: partial")
+        return self
+
+
 #: Sequin functions are Elixir code that walflow cannot run; only "none" keeps the meaning.
 NoFunction = Literal["none"]
 
@@ -211,7 +235,6 @@ class SinkConfig(Section):
         "max_retry_count": "walflow never discards a change: it retries until JetStream accepts it",
         "load_shedding_policy": "walflow never sheds load: a slow sink slows the reader down",
         "max_memory_mb": "walflow bounds memory for the whole pipeline: set walflow.max_memory_mb",
-        "initial_backfill": "backfills are not supported yet",
         "ack_wait_ms": "only used by Sequin Stream sinks",
         "max_ack_pending": "only used by Sequin Stream sinks",
         "max_waiting": "only used by Sequin Stream sinks",
@@ -234,6 +257,8 @@ class SinkConfig(Section):
     partition_count: int = Field(default=4, ge=1, le=256)
     annotations: dict[str, Any] = {}
     timestamp_format: Literal["iso8601", "unix_microsecond"] = "iso8601"
+    #: When the sink is first started: backfill every table it reads (true), or these.
+    initial_backfill: bool | list[InitialBackfill] = False
     filter: NoFunction | None = None
     transform: NoFunction | None = None
     routing: NoFunction | None = None
@@ -298,6 +323,22 @@ class ReplicationSettings(Section):
         return self
 
 
+class BackfillSettings(Section):
+    """How backfills read tables (``shared/CONTRACT.md``, "Backfills")."""
+
+    #: Tables read at the same time (each on a connection of its own); more wait their turn.
+    max_concurrent: int = Field(default=2, ge=1, le=32)
+    #: A chunk's ``SELECT`` should take about this long: the chunk size adapts to it
+    #: (Sequin's default page timeout is 5 s; a shorter budget keeps watermark windows, and
+    #: so the rows held in memory and the slot's unconfirmed tail, small).
+    query_budget_ms: Milliseconds = 1_000
+    #: The first chunk's rows, and the most a chunk may ever hold.
+    initial_chunk_rows: int = Field(default=2_000, ge=1)
+    max_chunk_rows: int = Field(default=50_000, ge=1)
+    #: The most a chunk may hold in memory (estimated like changes); the chunk shrinks to fit.
+    max_chunk_mb: int = Field(default=32, ge=1)
+
+
 class HealthSettings(Section):
     """The HTTP health endpoint (``/healthz``, ``/readyz``)."""
 
@@ -315,6 +356,7 @@ class WalflowSettings(Section):
     #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.
     max_memory_mb: int = Field(default=128, ge=8)
     replication: ReplicationSettings = ReplicationSettings()
+    backfill: BackfillSettings = BackfillSettings()
     health: HealthSettings = HealthSettings()
     #: Recovery partitions made when ``-r DIR`` does not exist yet: at least the most
     #: workers the pipeline will ever run with (Bytewax fixes the count at creation).

@@ -96,6 +96,19 @@ class Table:
         object.__setattr__(self, "positions", {name: i for i, name in enumerate(self.columns)})
 
 
+class ReadOf(NamedTuple):
+    """What makes a row a backfill's ``read``: which sink asked, which backfill, which row.
+
+    ``row_key`` is the row's primary key as a JSON array of its texts: with the backfill's
+    id it names the read (:meth:`core.ids.IdScheme.encode_read`), the same whichever chunk
+    and run read the row, so a chunk read again after a crash publishes nothing twice.
+    """
+
+    sink: str
+    backfill: str
+    row_key: str
+
+
 class RawChange(NamedTuple):
     """One row change of a committed transaction (or a row a backfill read), values as texts.
 
@@ -103,6 +116,10 @@ class RawChange(NamedTuple):
     sent of the row before it: for a delete always, for an update only when the source
     sends old rows (REPLICA IDENTITY FULL, or a changed key). With ``old_is_key`` it holds
     values only for :attr:`Table.identity_columns`; the others are absent, not NULL.
+
+    A ``read`` carries :class:`ReadOf` in ``read`` and, as its position, the commit LSN of
+    the backfill chunk's high watermark and its index among the chunk's rows: where it
+    stands in the stream, after every change committed before the watermark.
     """
 
     action: Action
@@ -114,6 +131,7 @@ class RawChange(NamedTuple):
     commit_idx: int
     commit_ts: datetime
     xid: int
+    read: ReadOf | None = None
 
 
 class Change(NamedTuple):
@@ -129,6 +147,7 @@ class Change(NamedTuple):
     commit_idx: int
     commit_ts: datetime
     xid: int
+    read: ReadOf | None = None
 
 
 class Message(NamedTuple):

@@ -7,6 +7,12 @@ and the change's position only, so a replay produces the same id: JetStream drop
 by ``Nats-Msg-Id``, and after a restart the sink finds what is already stored by decoding
 the ids it reads back.
 
+A backfill's ``read`` is named by the backfill and the row instead of a position:
+``"<database>/<sink>/read/<backfill id>/<row key>"``. A chunk that is read again after a
+crash may hold other rows at other positions, but every row it shares with the first read
+gets the same id, so the stream keeps one copy (:class:`core.events.ReadOf`). Such ids
+name no position: :meth:`IdScheme.decode` returns None for them.
+
 Sequin's key (``Base64("<lsn>:<idx>")``) is unique only within one sink of one database:
 two sinks or two databases publishing into one stream would have JetStream drop each
 other's messages as duplicates.
@@ -16,31 +22,56 @@ from __future__ import annotations
 
 from binascii import Error as Base64Error
 from binascii import a2b_base64, b2a_base64
+from collections.abc import Sequence
 
-from core.events import Position
+from pydantic_core import PydanticSerializationError, to_json
+
+from core.events import Position, RawValue
 from core.tokens import escape_token
+
+
+def row_key(texts: Sequence[RawValue | object]) -> str:
+    """A row's key columns' texts as one string: a JSON array (texts that are not UTF-8, from
+    a ``SQL_ASCII`` database, in URL-safe base64). Equal texts give equal keys in every process."""
+    try:
+        return to_json(texts).decode()
+    except PydanticSerializationError:
+        return to_json(texts, bytes_mode="base64").decode()
 
 
 class IdScheme:
     """The ids of one sink of one database."""
 
-    __slots__ = ("_prefix_bytes", "prefix")
+    __slots__ = ("_prefix_bytes", "_read_prefix", "prefix")
 
     def __init__(self, database: str, sink: str) -> None:
         #: What every id of this sink starts with, before base64.
         self.prefix = f"{escape_token(database)}/{escape_token(sink)}/"
         self._prefix_bytes = self.prefix.encode()
+        self._read_prefix = self._prefix_bytes + b"read/"
 
     def encode(self, lsn: int, idx: int) -> bytes:
         """The id of the change at ``(lsn, idx)``, as ASCII bytes (it goes into the payload as is)."""
         return b2a_base64(b"%s%d:%d" % (self._prefix_bytes, lsn, idx), newline=False)
 
+    def encode_read(self, backfill: str, row_key: str) -> bytes:
+        """The id of the row ``row_key`` read by backfill ``backfill``."""
+        return b2a_base64(b"%s%s/%s" % (self._read_prefix, backfill.encode(), row_key.encode()), newline=False)
+
+    def is_read(self, msg_id: str) -> bool:
+        """Whether ``msg_id`` is one of this sink's reads."""
+        return self._text(msg_id).startswith(self._read_prefix)
+
+    @staticmethod
+    def _text(msg_id: str) -> bytes:
+        try:
+            return a2b_base64(msg_id.encode("ascii"), strict_mode=True)
+        except (Base64Error, UnicodeEncodeError, ValueError):
+            return b""
+
     def decode(self, msg_id: str) -> Position | None:
         """The position an id of this sink names; None for anyone else's id (or none at all)."""
-        try:
-            text = a2b_base64(msg_id.encode("ascii"), strict_mode=True)
-        except (Base64Error, UnicodeEncodeError, ValueError):
-            return None
+        text = self._text(msg_id)
         prefix = self._prefix_bytes
         if not text.startswith(prefix):
             return None

@@ -28,6 +28,7 @@ from connectors.postgres.source import PostgresSource
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
 from dataflows.health import serve as serve_health
+from dataflows.initial_backfill import InitialBackfills
 from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
@@ -69,11 +70,13 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     replay_from = confirmed_lsn(db)
-    publishers = {sink.name: JetStreamSink(sink, db.name, replay_from, runtime) for sink in sinks}
+    publishers = {sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name) for sink in sinks}
     replay_horizon = max(publish.prepare() for publish in publishers.values())
     flow = Dataflow("walflow")
     source = PostgresSource(
-        db, config.walflow.replication, runtime, epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon
+        db, config.walflow.replication, runtime, sinks=frozenset(publishers), backfill=config.walflow.backfill,
+        on_start=InitialBackfills(db, sinks, publishers),
+        epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon,
     )
     changes = op.input("postgres", flow, source)
     for sink in sinks:

@@ -56,7 +56,7 @@ def convert(change: RawChange) -> Change:
     new = None if change.new is None else convert_row(table, change.new)
     old = None if change.old is None else (_key_row if change.old_is_key else convert_row)(table, change.old)
     return Change(change.action, table.schema, table.name, table.key_columns, new, old,
-                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid)
+                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid, change.read)
 
 
 def converting(step: Callable[[Change], T]) -> Callable[[RawChange], T]:

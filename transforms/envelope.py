@@ -5,14 +5,14 @@ the message carries (``transforms/route.py``).
 
 The payload is Sequin's shape (``shared/CONTRACT.md``), so Sequin consumers keep working::
 
-    {"record": {...}, "changes": {...} | null, "action": "insert" | "update" | "delete",
+    {"record": {...}, "changes": {...} | null, "action": "insert" | "update" | "delete" | "read",
      "metadata": {"database_name", "table_schema", "table_name", "commit_timestamp",
                   "commit_lsn", "commit_idx", "idempotency_key",
                   "consumer": {"name", "annotations" (only when the sink has any)}}}
 
 ``annotations`` sit inside ``consumer``, where Sequin puts a sink's annotations.
 
-**Record and changes.** ``record`` is the new row (insert, update) or the old row as far as
+**Record and changes.** ``record`` is the new row (insert, update, a backfill's read) or the old row as far as
 the replica identity gives it (delete; absent columns are left out, never ``null``).
 ``changes`` holds, for an update whose old row Postgres sent (REPLICA IDENTITY FULL, or a
 changed key), the old value of each column whose value differs (``{}`` if none does); else
@@ -46,8 +46,8 @@ Postgres's own text form (``[1,10)``, ``empty``, ``{[1,3),[5,7)}``), anything el
 Postgres's exact text.
 
 **Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
-change, standard base64 of ``"<database>/<sink>/<commit_lsn>:<commit_idx>"``: unique per
-sink and database (Sequin's ``Base64("<commit_lsn>:<commit_idx>")`` is not, and JetStream
+change, standard base64 of ``"<database>/<sink>/<commit_lsn>:<commit_idx>"`` (a read's
+names its backfill and row instead): unique per sink and database (Sequin's ``Base64("<commit_lsn>:<commit_idx>")`` is not, and JetStream
 deduplicates per stream), and the same on every replay.
 """
 
@@ -215,7 +215,7 @@ class Envelope:
         changes: Row | None = None
         if action == "delete":
             record = self._row(change.old or {}, None)
-        elif action == "insert":
+        elif action == "insert" or action == "read":
             record = self._row(change.new or {}, None)
         elif action == "update":
             new, old = change.new or {}, change.old
@@ -225,7 +225,8 @@ class Envelope:
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
-        key = self._ids.encode(lsn, idx)
+        read = change.read
+        key = self._ids.encode(lsn, idx) if read is None else self._ids.encode_read(read.backfill, read.row_key)
         head = self._heads.get((change.schema, change.table, action))
         if head is None:
             head = self._head(change.schema, change.table, action)

@@ -1,5 +1,8 @@
 """Which changes a sink receives: its actions, its ``source`` filters and its legacy ``table``.
 
+A backfill's ``read`` goes to the sink that asked for the backfill, and to no other; the
+request was checked against the sink's tables when it was made.
+
 All conditions must hold. ``None`` in ``source`` means no restriction; an empty list
 includes nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
 ``public.orders``), and tables are written ``schema.table`` as in the config.
@@ -51,6 +54,8 @@ class SinkFilter:
         self._warned_truncates: set[str] = set()
 
     def __call__(self, change: RawChange) -> bool:
+        if change.read is not None:  # a backfill's row goes to the sink that asked for it, whatever its actions
+            return change.read.sink == self._sink
         if change.action in self._actions:
             return self._receives(change.table)
         if change.action == "truncate" and self._receives(change.table):
@@ -58,11 +63,12 @@ class SinkFilter:
         return False
 
     def _receives(self, table: Table) -> bool:
-        """Whether this sink's schema/table rules admit ``table`` (cached per table)."""
-        qualified = table.qualified
+        return self.receives(table.schema, table.qualified)
+
+    def receives(self, schema: str, qualified: str) -> bool:
+        """Whether this sink's schema/table rules admit the table ``qualified`` (cached per table)."""
         decision = self._tables.get(qualified)
         if decision is None:
-            schema = table.schema
             decision = (
                 (self._include_schemas is None or schema in self._include_schemas)
                 and schema not in self._exclude_schemas

@@ -33,10 +33,9 @@ from __future__ import annotations
 import logging
 from typing import Final, NamedTuple
 
-from pydantic_core import PydanticSerializationError, to_json
-
 from config.schema import SinkConfig
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
+from core.ids import row_key
 
 log = logging.getLogger("walflow.transforms.group")
 
@@ -67,14 +66,6 @@ def _value(i: int, row: RawRow | None, row_is_key: bool, other: RawRow | None, o
             return _ABSENT
         return other[i]
     return value
-
-
-def _json(values: list[RawValue | object]) -> str:
-    """The texts as a JSON array; texts that are not UTF-8 (a ``SQL_ASCII`` database) in URL-safe base64."""
-    try:
-        return to_json(values).decode()
-    except PydanticSerializationError:
-        return to_json(values, bytes_mode="base64").decode()
 
 
 class GroupKey:
@@ -111,12 +102,12 @@ class GroupKey:
                     break
                 values.append(value)
             else:
-                return plan.prefix + _json(values)
+                return plan.prefix + row_key(values)
         # a group column is missing: the key columns that are present
         self._warn_fallback(change, plan)
         values = [v for i in plan.key if (v := _value(i, row, row_is_key, other, other_is_key, plan.identity))
                   is not _ABSENT]
-        return plan.prefix + _json(values)
+        return plan.prefix + row_key(values)
 
     def _plan(self, table: Table) -> _Plan:
         columns = self._configured.get(table.qualified, table.key_columns)

@@ -47,7 +47,9 @@ def _lsn(ids: IdScheme, msg_id: str) -> int | None:
 async def already_published(
     nc: Client, stream: str, subjects: str, ids: IdScheme, since_lsn: int
 ) -> set[str]:
-    """Ids of this pipeline's messages in ``stream`` whose commit LSN is at or after ``since_lsn``."""
+    """Ids of this pipeline's messages in ``stream`` whose commit LSN is at or after ``since_lsn``,
+    and of its backfills' reads in the same tail: a chunk read again after a crash may hold
+    rows whose reads are already there (they name no position)."""
     js = nc.jetstream()
     try:
         info = await js.stream_info(stream)
@@ -59,7 +61,7 @@ async def already_published(
     start = await _boundary(nc, stream, first, last, ids, since_lsn)
     return {
         msg_id for msg_id in await ids_since(nc, stream, subjects, start)
-        if (lsn := _lsn(ids, msg_id)) is not None and lsn >= since_lsn
+        if ((lsn := _lsn(ids, msg_id)) is not None and lsn >= since_lsn) or ids.is_read(msg_id)
     }
 
 

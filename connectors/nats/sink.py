@@ -9,6 +9,8 @@ the slot may move (see ``connectors/postgres/source.py``).
 Routing by group key keeps each group's messages in one partition, in order, across
 workers and epochs. All partitions of a sink in one process share one NATS connection,
 held by the sink object, like the ids its replay scan found; nothing is process-global.
+The one thing a sink remembers outside the stream — that its ``initial_backfill`` was
+requested — sits in the ``walflow_state`` key-value bucket on the same NATS.
 Messages arrive as payload and id (:class:`core.events.Message`); the publisher gives
 each its subject.
 """
@@ -16,10 +18,16 @@ each its subject.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
-from typing import TypedDict
+import time
+from typing import Final, TypedDict
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from config.schema import SinkConfig
 from connectors.nats.connection import connect, permission_error
@@ -35,6 +43,10 @@ from core.threads import keep_thread_state
 from core.tokens import escape_token
 
 log = logging.getLogger("walflow.nats")
+
+#: The JetStream key-value bucket where a sink records what must outlive every run and is
+#: not the stream's business: that its initial backfill was requested.
+STATE_BUCKET: Final = "walflow_state"
 
 
 class SinkState(TypedDict):
@@ -66,12 +78,13 @@ class JetStreamPartition(StatefulSinkPartition[Message, SinkState]):
 class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
     """Publishes ``(group key, Message)`` items of one configured sink."""
 
-    def __init__(self, sink: SinkConfig, database: str, replay_from: int, runtime: Runtime) -> None:
+    def __init__(self, sink: SinkConfig, database: str, replay_from: int, runtime: Runtime, slot: str = "") -> None:
         """``database``: the configured name of the database the changes come from;
         ``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
         ``runtime``: the process's, whose loop the NATS connection lives on."""
         self.sink = sink
         self.database = database
+        self.slot = slot
         self.replay_from = replay_from
         self.runtime = runtime
         self.ids = IdScheme(database, sink.name)
@@ -116,6 +129,43 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
         the replay horizon: the source must not confirm a position up to it (replay.py)."""
         self.runtime.run(self._connection())
         return horizon(self._published or frozenset(), self.ids)
+
+    # -- what the sink remembers beyond the stream ------------------------------------------
+
+    def initial_backfill_requested(self) -> bool:
+        """Whether this sink's ``initial_backfill`` was requested before (by any earlier run)."""
+        return self.runtime.run(self._initial_backfill()) is not None
+
+    def record_initial_backfill(self, backfills: list[str]) -> None:
+        """Remember that this sink's initial backfill was requested, so no restart repeats it."""
+        async def record() -> None:
+            bucket = await self._state_bucket()
+            await bucket.put(self._initial_key, json.dumps({"backfills": backfills, "at": time.time()}).encode())
+
+        self.runtime.run(record())
+
+    @property
+    def _initial_key(self) -> str:
+        # per slot too: a sink started on a new slot is started anew
+        name = base64.urlsafe_b64encode(f"{self.database}/{self.slot}/{self.sink.name}".encode()).decode()
+        return f"initial_backfill.{name}"
+
+    async def _initial_backfill(self) -> bytes | None:
+        bucket = await self._state_bucket()
+        try:
+            entry = await bucket.get(self._initial_key)
+        except KeyNotFoundError:
+            return None
+        return entry.value
+
+    async def _state_bucket(self) -> KeyValue:
+        """walflow's key-value bucket on the sink's NATS (created on first use)."""
+        js = (await self._connection()).jetstream()
+        try:
+            return await js.key_value(STATE_BUCKET)
+        except BucketNotFoundError:
+            return await js.create_key_value(KeyValueConfig(
+                bucket=STATE_BUCKET, history=1, description="walflow: what its sinks must remember (initial backfills)"))
 
     def list_parts(self) -> list[str]:
         keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py

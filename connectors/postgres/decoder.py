@@ -23,6 +23,8 @@ What it keeps track of:
   positions are record boundaries).
 - **The resume skip.** A session resumed mid-transaction skips the changes a previous run
   already emitted (:class:`ResumePoint`).
+- **Signals.** Transactional logical messages with a prefix the session names (backfill
+  watermarks) are staged in order with the changes, where they were committed.
 - **Relations.** A Relation message becomes a :class:`core.events.Table` through the
   catalog, which may look things up; changes refer to the table version they were
   written with.
@@ -43,7 +45,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 import psycopg
 
@@ -142,8 +144,17 @@ class Catalog(Protocol):
         ...
 
 
-#: What the decoder stages: changes, and position markers (an LSN).
-Item = RawChange | int
+class Signal(NamedTuple):
+    """A logical message that must be read in order with the changes (a backfill's
+    watermarks and requests, :mod:`connectors.postgres.signals`), staged where it was committed."""
+
+    commit_lsn: int
+    commit_ts: datetime
+    content: bytes
+
+
+#: What the decoder stages: changes, signals, and position markers (an LSN).
+Item = RawChange | Signal | int
 
 
 class Decoder:
@@ -154,12 +165,15 @@ class Decoder:
         catalog: Catalog,
         resume: ResumePoint,
         on_message: Callable[[str, bytes], None] | None = None,
+        staged_prefixes: frozenset[str] = frozenset(),
     ) -> None:
-        """``on_message(prefix, content)`` is called for each logical message (``pg_logical_emit_message``)."""
+        """``on_message(prefix, content)`` is called for each logical message (``pg_logical_emit_message``);
+        transactional ones with a prefix in ``staged_prefixes`` are staged in order as :class:`Signal` instead."""
         self._catalog = catalog
         self._commit_time = catalog.commit_time
         self.resume = resume
         self._on_message = on_message
+        self._staged_prefixes = staged_prefixes
         #: The furthest LSN seen: the status update's ``write``.
         self.received = resume.lsn
         self._marked = resume.lsn  # the last position marker staged
@@ -379,7 +393,8 @@ class Decoder:
                 self._stage(change, change_memory(len(buf), 0))
 
     def _message(self, buf: bytes, pos: int) -> None:
-        """'M' flags lsn prefix length content: walflow's heartbeats (others' are not row changes)."""
+        """'M' flags lsn prefix length content: backfill signals are staged, heartbeats reported;
+        others' messages are not row changes."""
         flags, _lsn = _MESSAGE_HEAD.unpack_from(buf, pos)
         if flags & ~_MESSAGE_TRANSACTIONAL:
             raise DecodeError(f"unknown message flags {flags:#04x}")
@@ -390,7 +405,13 @@ class Decoder:
         pos += 4
         if len(buf) - pos != length:
             raise DecodeError(f"content length {length} does not match the {len(buf) - pos} bytes that remain")
-        if self._on_message is not None:
+        if flags and prefix in self._staged_prefixes:
+            commit_lsn = self._txn_lsn
+            assert commit_lsn is not None
+            if self._txn_emitted < WHOLE_TRANSACTION:  # not in a transaction a previous run finished
+                self.staged.append(Signal(commit_lsn, self._txn_ts, buf[pos:]))
+                self.staged_sizes.append(0)
+        elif self._on_message is not None:
             self._on_message(prefix, buf[pos:])
 
 

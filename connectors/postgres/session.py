@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol
 import psycopg
 
 from config.schema import DatabaseConfig, ReplicationSettings
+from connectors.postgres import signals
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Decoder, ResumePoint
@@ -105,7 +106,8 @@ class Session:
         control = self.control
         with psycopg.connect(conninfo(self.db, application_name=self.application_name), autocommit=True) as meta:
             control.slot_state = state = prepare(meta, self.db)
-            decoder = self.decoder = Decoder(Catalog(meta, control.table_keys), self.resume, control.on_message)
+            decoder = self.decoder = Decoder(Catalog(meta, control.table_keys), self.resume, control.on_message,
+                                                  staged_prefixes=frozenset({signals.PREFIX}))
             stream = ReplicationStream(
                 conninfo(
                     self.db,

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TypedDict
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from config.schema import DatabaseConfig, ReplicationSettings
-from connectors.postgres.decoder import ResumePoint
+from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings
+from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillState
+from connectors.postgres.decoder import ResumePoint, Signal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
 from core.events import RawChange
@@ -35,12 +37,14 @@ log = logging.getLogger("walflow.postgres")
 _IDLE_POLL = 0.005
 
 
-class SourceState(TypedDict):
+class SourceState(TypedDict, total=False):
     """The partition's snapshot: plain data, stable across walflow versions."""
 
     lsn: int
     commit_lsn: int | None
     commit_idx: int
+    #: Running backfills and where each continues (absent in snapshots of older versions).
+    backfills: list[BackfillState]
 
 
 class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
@@ -52,10 +56,12 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         runtime: Runtime,
         batch_size: int,
         epoch_budget: int,
+        backfills: Backfills,
         stop_at_lsn: int | None = None,
         confirm_after: int = 0,
     ) -> None:
         self._reader = reader
+        self._backfills = backfills
         self._runtime = runtime
         self._confirm_after = confirm_after
         self._batch_size = batch_size
@@ -94,21 +100,27 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             return out
         items, size = self._reader.buffer.take(self._batch_size, finish_within=10 * self._batch_size)
         self._epoch_bytes += size
+        backfills = self._backfills
         for item in items:
             if type(item) is int:
                 self._lsn = max(self._lsn, item)
                 if self._commit_lsn is not None and item > self._commit_lsn:
                     self._commit_lsn, self._commit_idx = None, -1  # that transaction is complete
+            elif type(item) is Signal:
+                # a backfill's watermark: at a high one, the chunk's reads enter the stream here
+                self._epoch_bytes += backfills.on_signal(item, self._lsn, out)
             else:
                 assert isinstance(item, RawChange)
+                if backfills.watching:
+                    backfills.observe(item)
                 out.append(item)
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
         if out:
             self._dirty, self._settled = True, False
-        elif self._settled and self._lsn > max(self._reader.confirmed, self._confirm_after):
+        elif self._settled and (lsn := self._confirmable(self._lsn)) > max(self._reader.confirmed, self._confirm_after):
             # Nothing is in flight: the position moved over WAL with nothing to publish
             # (keepalive walEnd), so it is safe at once, without waiting for an epoch.
-            self._reader.confirm(self._lsn)
+            self._reader.confirm(lsn)
         self._idle = not out
         return out
 
@@ -124,13 +136,20 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             # Only epochs that end between transactions are confirmed: then every change in
             # JetStream at or after the confirmed LSN came from a later epoch, which is what
             # the sink's startup check for already-published changes relies on.
-            self._unconfirmed = self._lsn
+            self._unconfirmed = self._confirmable(self._lsn)
         self._dirty = False
-        return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx}
+        return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx,
+                "backfills": self._backfills.snapshot()}
 
     def close(self) -> None:
         self._runtime.unregister(self._reader)
+        self._backfills.stop()
         self._reader.stop()
+
+    def _confirmable(self, lsn: int) -> int:
+        """``lsn``, or less while a backfill runs: the slot keeps its newest signal (backfill.py)."""
+        floor = self._backfills.floor
+        return lsn if floor is None else min(lsn, floor)
 
     def _confirm_previous_epoch(self) -> None:
         """The previous epoch is complete downstream: its snapshot position is durable."""
@@ -154,12 +173,20 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         settings: ReplicationSettings,
         runtime: Runtime,
         *,
+        sinks: frozenset[str] = frozenset(),
+        backfill: BackfillSettings | None = None,
+        on_start: Callable[[], None] | None = None,
         epoch_budget_mb: int = 128,
         stop_at_lsn: int | None = None,
         confirm_after: int = 0,
     ) -> None:
-        """``confirm_after``: confirm no position up to this LSN (the sinks' replay horizon)."""
+        """``sinks``: the sinks a backfill may be for; ``on_start``: called once where the
+        slot is read, before reading starts (the initial backfill requests);
+        ``confirm_after``: confirm no position up to this LSN (the sinks' replay horizon)."""
         self.db = db
+        self.sinks = sinks
+        self.backfill = backfill or BackfillSettings()
+        self.on_start = on_start
         self.settings = settings
         self.runtime = runtime
         self.confirm_after = confirm_after
@@ -172,9 +199,18 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
 
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
         keep_thread_state()
-        resume = ResumePoint(**resume_state) if resume_state else ResumePoint()
-        reader = SlotReader(self.db, self.settings, resume).start()
+        if self.on_start is not None:
+            with self.runtime.guard(f"slot {self.db.slot.name}: requesting initial backfills"):
+                self.on_start()
+        state = resume_state or {}
+        resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
+        reader = SlotReader(self.db, self.settings, resume)
+        runner = BackfillRunner(self.db, self.backfill)
+        reader.backfill_progress = runner.progress
+        backfills = Backfills(self.db.slot.name, self.sinks, runner, state.get("backfills"), resume.lsn)
+        reader.start()
         self.runtime.register(reader)
-        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, self.stop_at_lsn, self.confirm_after)
+        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,
+                             self.stop_at_lsn, self.confirm_after)
 
 

@@ -19,6 +19,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 import psycopg
@@ -81,6 +82,8 @@ class SlotReader:
         self._confirmed = resume.lsn
         self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
         self.heartbeat_rtt = 0.0  # its round trip, in seconds
+        #: The slot's running backfills and their progress (set by the source).
+        self.backfill_progress: Callable[[], list[dict[str, object]]] = list
         interval = settings.heartbeat_interval_ms / 1000
         self._heartbeats = heartbeat.HeartbeatWriter(db, interval) if interval else None
 
@@ -105,6 +108,7 @@ class SlotReader:
             "heartbeat_age_s": None if age is None else round(age, 3),
             "heartbeat_rtt_ms": round(self.heartbeat_rtt * 1000, 1),
             "ready": self.connected and self.error is None and fresh,
+            "backfills": self.backfill_progress(),
         }
 
     def confirm(self, lsn: int) -> None:

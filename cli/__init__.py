@@ -1,0 +1,1 @@
+"""The ``walflow`` command (installed into ``.venv/bin`` by ``./run.sh setup``)."""

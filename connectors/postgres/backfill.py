@@ -1,0 +1,517 @@
+"""Backfills: a table's existing rows as ``read`` events, consistent with the live stream.
+
+The method is DBLog's watermarks (``shared/reference/postgres-replication.md`` §7.2), with
+the slot as the only store:
+
+1. The runner (a thread per table being read) writes a **low watermark** into the WAL,
+   reads the next keyset chunk (:mod:`connectors.postgres.chunks`), keeps its rows, and
+   writes a **high watermark** (:mod:`connectors.postgres.signals`).
+2. The source partition decodes the stream in WAL order. Between a chunk's low and high
+   watermark it notes the key of every change to the chunk's table; at the high
+   watermark it emits the chunk's rows as ``read`` events, except those whose key
+   changed in the window: the change, already in the stream, carries a state at least
+   as new. A row deleted before the ``SELECT`` is not read; one deleted after it has its
+   delete in the window. So for every row, the last event in the stream is its latest
+   state, without a lock, a pause or a long transaction.
+3. Reads enter the stream at the high watermark's place, so they are grouped and ordered
+   with the row's changes by the same group key, and published, acknowledged and
+   confirmed by the same epoch rule.
+
+**Progress and resume.** The partition never confirms a position past the newest
+``request`` or ``low`` signal of a backfill it is running (:attr:`Backfills.floor`), and
+each ``low`` says where its chunk starts. After a crash without ``-r``, the replay from
+the slot's confirmed LSN passes that signal first and the backfill continues from it:
+from the last chunk whose reads were durable, never from the start. With ``-r`` the
+partition's snapshot holds each backfill's position (:meth:`Backfills.snapshot`). A chunk
+read again reads rows that may already be in the stream; their ids name the backfill and
+the row (:meth:`core.ids.IdScheme.encode_read`), so the sink publishes them once.
+
+**Bounds.** A runner reads its next chunk only after the partition has emitted the
+previous one, so each table holds at most one chunk (``walflow.backfill.max_chunk_*``);
+reads count against the epoch budget like changes. At most ``max_concurrent`` tables are
+read at once; the others wait, and write a checkpoint every few seconds so that waiting
+does not hold the slot back.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Final, TypedDict
+
+import psycopg
+
+from config.schema import BackfillSettings, DatabaseConfig
+from connectors.postgres import signals
+from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader
+from connectors.postgres.connection import conninfo
+from connectors.postgres.decoder import Signal
+from connectors.postgres.signals import BackfillRequest, Cursor
+from core.events import RawChange, ReadOf, Table
+from core.ids import row_key
+
+log = logging.getLogger("walflow.backfill")
+
+#: How often a backfill waiting its turn writes a checkpoint (seconds).
+_CHECKPOINT_EVERY: Final = 5.0
+#: How often progress is logged (seconds); a terminal gets a line every second.
+_LOG_EVERY: Final = 60.0
+_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
+#: A SELECT may take this many times its budget before it is cancelled and the chunk halved.
+_TIMEOUT_FACTOR: Final = 10
+
+
+class BackfillState(TypedDict):
+    """One running backfill in the partition's snapshot: plain data."""
+
+    request: dict[str, str | None]
+    after: Cursor | None
+    rows: int
+
+
+@dataclass(slots=True)
+class _Job:
+    """One backfill on the runner's side."""
+
+    request: BackfillRequest
+    after: Cursor | None
+    rows: int
+    estimate: int = 0
+    started: float = field(default_factory=time.monotonic)
+    #: The columns that identify a row (known once the table is described).
+    key_columns: tuple[str, ...] | None = None
+    #: The chunk the runner waits to see emitted, the event that wakes it, and whether
+    #: the partition took its rows (False: read it again).
+    waiting_for: int | None = None
+    emitted: threading.Event = field(default_factory=threading.Event)
+    accepted: bool = False
+    thread: threading.Thread | None = None
+    #: What was last logged: when, and the rows then (for the rate).
+    logged_at: float = field(default_factory=time.monotonic)
+
+
+class BackfillRunner:
+    """Reads the tables of running backfills in chunks between watermarks, a thread per table."""
+
+    def __init__(self, db: DatabaseConfig, settings: BackfillSettings, *, progress_line: bool | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        #: Names this run's watermarks: only this run holds the rows of its chunks.
+        self.run_id = uuid.uuid4().hex[:12]
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._queue: list[str] = []
+        self._ready: dict[tuple[str, int], Chunk] = {}
+        self._chunk_numbers = iter(range(1 << 62))
+        self._stopping = threading.Event()
+        self._checkpoints = threading.Thread(target=self._checkpoint_waiting, name="walflow-backfill-queue", daemon=True)
+        self._progress_line = sys.stderr.isatty() if progress_line is None else progress_line
+
+    # -- what the partition calls -----------------------------------------------------------
+
+    def start(self, request: BackfillRequest, after: Cursor | None, rows: int) -> None:
+        """Run ``request`` from ``after`` on (now, or when a table's turn comes)."""
+        with self._lock:
+            if request.id in self._jobs:
+                return
+            self._jobs[request.id] = _Job(request, after, rows)
+            self._queue.append(request.id)
+            self._start_waiting()
+            if not self._checkpoints.is_alive() and not self._stopping.is_set():
+                self._checkpoints.start()
+
+    def take(self, backfill: str, chunk: int) -> Chunk | None:
+        """The rows of this run's chunk ``chunk`` of ``backfill``, at its high watermark."""
+        with self._lock:
+            return self._ready.pop((backfill, chunk), None)
+
+    def key_columns(self, backfill: str) -> tuple[str, ...] | None:
+        with self._lock:
+            job = self._jobs.get(backfill)
+            return None if job is None else job.key_columns
+
+    def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
+        """The partition emitted the chunk (or, not ``accepted``, dropped it): the runner
+        may read the next one (or that one again)."""
+        with self._lock:
+            job = self._jobs.get(backfill)
+            if job is not None and job.waiting_for == chunk:
+                job.rows += rows
+                job.waiting_for = None
+                job.accepted = accepted
+                job.emitted.set()
+
+    def finished(self, backfill: str) -> None:
+        """The partition saw the backfill end: another table may start."""
+        with self._lock:
+            job = self._jobs.pop(backfill, None)
+            if job is not None:
+                job.emitted.set()
+                self._queue = [b for b in self._queue if b != backfill]
+                self._start_waiting()
+
+    def progress(self) -> list[dict[str, object]]:
+        """Each backfill's figures, as ``walflow status`` and the health endpoint show them."""
+        now = time.monotonic()
+        with self._lock:
+            jobs = list(self._jobs.values())
+        out: list[dict[str, object]] = []
+        for job in jobs:
+            elapsed = now - job.started
+            rate = job.rows / elapsed if elapsed > 0 and job.thread is not None else 0.0
+            remaining = max(job.estimate - job.rows, 0)
+            out.append({
+                "id": job.request.id, "sink": job.request.sink, "table": job.request.table,
+                "state": "running" if job.thread is not None else "waiting",
+                "rows": job.rows, "estimate": job.estimate, "rows_per_s": round(rate, 1),
+                "eta_s": round(remaining / rate, 1) if rate > 0 and job.estimate else None,
+            })
+        return out
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.emitted.set()
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(5)
+        if self._progress_line:
+            sys.stderr.write("\n")
+
+    # -- the threads ----------------------------------------------------------------------
+
+    def _start_waiting(self) -> None:
+        """Start queued jobs while fewer than ``max_concurrent`` run (under the lock)."""
+        running = sum(1 for j in self._jobs.values() if j.thread is not None)
+        while self._queue and running < self.settings.max_concurrent and not self._stopping.is_set():
+            job = self._jobs[self._queue.pop(0)]
+            job.started = job.logged_at = time.monotonic()
+            job.thread = threading.Thread(target=self._run, args=(job,), name=f"walflow-backfill-{job.request.table}",
+                                          daemon=True)
+            job.thread.start()
+            running += 1
+
+    def _connect(self, purpose: str) -> psycopg.Connection[Any]:
+        timeout = _TIMEOUT_FACTOR * self.settings.query_budget_ms
+        return psycopg.connect(
+            conninfo(self.db, application_name=f"walflow:{self.db.slot.name}:{purpose}",
+                     settings={"statement_timeout": f"{timeout}ms"}),
+            autocommit=True,
+        )
+
+    def _signal(self, kind: signals.Kind, job: _Job, **fields: Any) -> signals.Signal:
+        return signals.Signal(kind, self.db.slot.name, job.request, run=self.run_id, rows=job.rows,
+                              estimate=job.estimate, **fields)
+
+    def _run(self, job: _Job) -> None:
+        """Read ``job``'s table chunk by chunk until its last one is emitted; reconnect after failures."""
+        delay = _BACKOFF_MIN
+        request = job.request
+        log.info("backfill %s of %s for sink %s: starting%s", request.id, request.table, request.sink,
+                 "" if job.after is None else " where it stopped")
+        while not self._stopping.is_set():
+            try:
+                with self._connect("backfill") as conn:
+                    try:
+                        reader = TableReader(conn, self.db.publication.name, request, self.settings)
+                    except BackfillRefused as exc:
+                        self._end(conn, job, str(exc))
+                        return
+                    job.estimate = max(reader.estimate, job.rows)
+                    job.key_columns = reader.key_columns
+                    if self._chunks(conn, job, reader):
+                        return
+            except psycopg.errors.UndefinedTable:
+                self._end_after_failure(job, f"table {request.table} was dropped")
+                return
+            except psycopg.Error as exc:
+                self._forget_chunks(request.id)
+                log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
+                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _chunks(self, conn: psycopg.Connection[Any], job: _Job, reader: TableReader) -> bool:
+        """Chunks until the table's last; True when done, False to stop."""
+        while not self._stopping.is_set():
+            number = next(self._chunk_numbers)
+            signals.emit(conn, self._signal("low", job, chunk=number, after=job.after))
+            started = time.monotonic()
+            try:
+                chunk = reader.read(job.after)
+            except psycopg.errors.QueryCanceled:
+                reader.shrink()
+                log.info("backfill %s of %s: a chunk ran past the statement timeout; reading %d rows at a time",
+                         job.request.id, job.request.table, reader.limit)
+                continue
+            seconds = time.monotonic() - started
+            last = len(chunk.rows) < reader.limit
+            with self._lock:
+                self._ready[(job.request.id, number)] = chunk
+                job.waiting_for = number
+                job.accepted = False
+                job.emitted.clear()
+            signals.emit(conn, self._signal("high", job, chunk=number, after=job.after, last=last))
+            reader.adapt(len(chunk.rows), seconds, sum(chunk.sizes))
+            job.emitted.wait()
+            if self._stopping.is_set():
+                return False
+            if not job.accepted:
+                continue
+            if chunk.end is not None:
+                job.after = chunk.end
+            self._report(job)
+            if last:
+                return True
+        return False
+
+    def _end(self, conn: psycopg.Connection[Any], job: _Job, error: str) -> None:
+        """Tell the partition (through the slot) that this backfill ends unfinished."""
+        signals.emit(conn, self._signal("high", job, after=job.after, last=True, error=error))
+
+    def _end_after_failure(self, job: _Job, error: str) -> None:
+        self._forget_chunks(job.request.id)
+        delay = _BACKOFF_MIN
+        while not self._stopping.is_set():
+            try:
+                with self._connect("backfill") as conn:
+                    self._end(conn, job, error)
+                    return
+            except psycopg.Error:
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _forget_chunks(self, backfill: str) -> None:
+        """A chunk whose high watermark may never come: the next attempt reads it again."""
+        with self._lock:
+            for key in [k for k in self._ready if k[0] == backfill]:
+                del self._ready[key]
+            job = self._jobs.get(backfill)
+            if job is not None:
+                job.waiting_for = None
+
+    def _checkpoint_waiting(self) -> None:
+        """Backfills waiting their turn write a checkpoint now and then, so the slot moves on."""
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stopping.wait(_CHECKPOINT_EVERY):
+            with self._lock:
+                waiting = [self._jobs[b] for b in self._queue if b in self._jobs]
+            if not waiting:
+                continue
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect("backfill-queue")
+                for job in waiting:
+                    signals.emit(conn, self._signal("low", job, after=job.after))
+            except psycopg.Error as exc:
+                log.warning("backfill checkpoint not written: %s", str(exc).strip())
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def _report(self, job: _Job) -> None:
+        now = time.monotonic()
+        if self._progress_line:
+            line = "  ".join(_progress_text(p) for p in self.progress() if p["state"] == "running")
+            sys.stderr.write(f"\r\x1b[Kbackfill {line}")
+            sys.stderr.flush()
+        if now - job.logged_at >= _LOG_EVERY:
+            job.logged_at = now
+            for p in self.progress():
+                if p["id"] == job.request.id:
+                    log.info("backfill %s: %s", job.request.id, _progress_text(p))
+
+
+def _progress_text(p: dict[str, object]) -> str:
+    estimate = p["estimate"]
+    done = f"{p['rows']:,}" + (f"/~{estimate:,}" if estimate else "")
+    eta = f", ETA {p['eta_s']:.0f}s" if p["eta_s"] is not None else ""
+    return f"{p['table']} → {p['sink']}: {done} rows, {p['rows_per_s']:,.0f} rows/s{eta}"
+
+
+@dataclass(slots=True)
+class _Running:
+    """One backfill on the partition's side."""
+
+    request: BackfillRequest
+    #: Where a resume continues: after the last chunk emitted (None: the table's start).
+    after: Cursor | None
+    rows: int
+    #: The position before its newest request/low signal: nothing past it is confirmed.
+    floor: int
+    #: This run's open window: its chunk number, and the keys changed in it.
+    window: int | None = None
+    changed: set[str] = field(default_factory=set)
+    key_columns: tuple[str, ...] | None = None
+
+
+class Backfills:
+    """The partition's side of backfills: which run, their windows, how far the slot may move."""
+
+    def __init__(self, slot: str, sinks: frozenset[str], runner: BackfillRunner,
+                 resume: list[BackfillState] | None = None, resume_lsn: int = 0) -> None:
+        self._slot = slot
+        self._sinks = sinks
+        self._runner = runner
+        self._running: dict[str, _Running] = {}
+        #: Tables with an open window → their backfills (several sinks may read one table).
+        self._windows: dict[str, list[_Running]] = {}
+        #: Per table version, the positions of a window's key columns in its rows.
+        self._positions: dict[tuple[int, tuple[str, ...]], tuple[Table, tuple[int, ...]]] = {}
+        for state in resume or []:
+            request = BackfillRequest(**state["request"])  # type: ignore[arg-type]
+            self._running[request.id] = _Running(request, state["after"], state["rows"], resume_lsn)
+            runner.start(request, state["after"], state["rows"])
+
+    @property
+    def floor(self) -> int | None:
+        """The position the slot may be confirmed up to at most, while backfills run."""
+        return min((r.floor for r in self._running.values()), default=None)
+
+    @property
+    def watching(self) -> bool:
+        """Whether changes must be shown to :meth:`observe` (a window is open)."""
+        return bool(self._windows)
+
+    def stop(self) -> None:
+        self._runner.stop()
+
+    def snapshot(self) -> list[BackfillState]:
+        return [
+            {"request": _request_data(r.request), "after": r.after, "rows": r.rows} for r in self._running.values()
+        ]
+
+    def observe(self, change: RawChange) -> None:
+        """A change inside an open window: its row's key is noted, so the chunk's stale copy is dropped."""
+        running = self._windows.get(change.table.qualified)
+        if running is None:
+            return
+        for backfill in running:
+            assert backfill.key_columns is not None
+            at = self._key_positions(change.table, backfill.key_columns)
+            if at is None:
+                continue
+            for row in (change.new, change.old):  # both, for an update that changed the key
+                if row is not None:
+                    backfill.changed.add(row_key([row[i] for i in at]))
+
+    def on_signal(self, item: Signal, position: int, out: list[RawChange]) -> int:
+        """A backfill signal decoded at ``position`` (the last marker before it); reads it
+        releases are appended to ``out``. Returns their estimated memory."""
+        signal = signals.decode(item.content, self._slot)
+        if signal is None:
+            return 0
+        request = signal.request
+        running = self._running.get(request.id)
+        if running is None:
+            if signal.kind == "high" and signal.run == self._runner.run_id:
+                return 0  # the end of one that already ended
+            self._begin(signal, position)
+            return 0
+        own = signal.run == self._runner.run_id
+        if signal.kind == "low" and own:
+            running.floor = position
+            if signal.chunk is not None:
+                self._open(running, signal.chunk)
+        elif signal.kind == "high" and own:
+            return self._high(running, signal, item, out)
+        return 0  # a request seen again, or another run's watermark: nothing new
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _begin(self, signal: signals.Signal, position: int) -> None:
+        request = signal.request
+        if request.sink not in self._sinks:
+            log.warning("backfill %s asks for sink %s, which this pipeline does not run: ignored",
+                        request.id, request.sink)
+            return
+        for other in self._running.values():
+            if other.request.sink == request.sink and other.request.table == request.table:
+                log.warning("backfill %s of %s for sink %s ignored: backfill %s of that table is still running and "
+                            "will deliver every row", request.id, request.table, request.sink, other.request.id)
+                return
+        if signal.kind == "high" and signal.last and signal.error:
+            return  # another run's backfill that ended unfinished
+        if signal.kind != "request":
+            log.info("backfill %s of %s for sink %s: resuming after %s row(s)", request.id, request.table,
+                     request.sink, f"{signal.rows:,}")
+        self._running[request.id] = _Running(request, signal.after, signal.rows, position)
+        self._runner.start(request, signal.after, signal.rows)
+
+    def _open(self, running: _Running, chunk: int) -> None:
+        self._close(running)
+        running.key_columns = self._runner.key_columns(running.request.id)
+        running.window, running.changed = chunk, set()
+        self._windows.setdefault(running.request.table, []).append(running)
+
+    def _close(self, running: _Running) -> None:
+        if running.window is None:
+            return
+        running.window = None
+        table = running.request.table
+        remaining = [r for r in self._windows.get(table, []) if r is not running]
+        if remaining:
+            self._windows[table] = remaining
+        else:
+            self._windows.pop(table, None)
+
+    def _high(self, running: _Running, signal: signals.Signal, item: Signal, out: list[RawChange]) -> int:
+        request = running.request
+        size = 0
+        if signal.error:
+            log.error("backfill %s of %s for sink %s stopped: %s", request.id, request.table, request.sink,
+                      signal.error)
+            self._finish(running)
+            return 0
+        number = signal.chunk
+        chunk = self._runner.take(request.id, number) if number is not None else None
+        if chunk is None or number is None:
+            return 0  # its rows are gone (a retried chunk): the runner reads it again
+        if running.window != number:  # not watched from its low watermark on: its rows cannot be trusted
+            self._runner.emitted(request.id, number, 0, accepted=False)
+            return 0
+        emitted = 0
+        changed = running.changed
+        read_of = ReadOf(request.sink, request.id, "")
+        for row, key, memory in zip(chunk.rows, chunk.keys, chunk.sizes, strict=True):
+            if key in changed:
+                continue
+            emitted += 1
+            size += memory
+            out.append(RawChange("read", chunk.table, row, None, False, item.commit_lsn, emitted, item.commit_ts, 0,
+                                 read_of._replace(row_key=key)))
+        self._close(running)
+        if chunk.end is not None:
+            running.after = chunk.end
+        running.rows += emitted
+        self._runner.emitted(request.id, number, emitted)
+        if signal.last:
+            log.info("backfill %s of %s for sink %s: done, %s row(s)", request.id, request.table, request.sink,
+                     f"{running.rows:,}")
+            self._finish(running)
+        return size
+
+    def _finish(self, running: _Running) -> None:
+        self._close(running)
+        self._running.pop(running.request.id, None)
+        self._runner.finished(running.request.id)
+
+    def _key_positions(self, table: Table, columns: tuple[str, ...]) -> tuple[int, ...] | None:
+        cached = self._positions.get((id(table), columns))
+        if cached is None or cached[0] is not table:
+            positions = table.positions
+            at = tuple(positions[c] for c in columns) if all(c in positions for c in columns) else ()
+            cached = (table, at)
+            self._positions[(id(table), columns)] = cached
+        return cached[1] or None
+
+
+def _request_data(request: BackfillRequest) -> dict[str, str | None]:
+    return {"id": request.id, "sink": request.sink, "table": request.table,
+            "sort_column": request.sort_column, "start_position": request.start_position}

@@ -1,0 +1,64 @@
+"""Asking for backfills: request signals written into the slot, checked first.
+
+``walflow backfill`` and a sink's ``initial_backfill`` both end here. A request is written
+only after the slot exists (a message written before the slot was created would never
+reach it) and after its table is known to be streamed, so a mistake is reported to the
+person who made it, not logged later by a pipeline somewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from config.schema import DatabaseConfig
+from connectors.postgres import signals
+from connectors.postgres.connection import conninfo
+from connectors.postgres.signals import BackfillRequest
+from connectors.postgres.slot import prepare
+from core.errors import FatalError
+
+_PUBLISHED_QUERY = "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1"
+_COLUMN_QUERY = """
+SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+class BackfillRequestError(FatalError):
+    """A backfill that cannot be asked for as given; the message says why."""
+
+
+def _connect(db: DatabaseConfig) -> psycopg.Connection[Any]:
+    return psycopg.connect(conninfo(db, application_name=f"walflow:{db.slot.name}:backfill-request"), autocommit=True)
+
+
+def _published(conn: psycopg.Connection[Any], db: DatabaseConfig) -> list[str]:
+    return [name for (name,) in conn.execute(_PUBLISHED_QUERY, [db.publication.name]).fetchall()]
+
+
+def publication_tables(db: DatabaseConfig) -> list[str]:
+    """The tables ``db``'s publication streams, as ``schema.table`` (the publication is made if it should be)."""
+    with _connect(db) as conn:
+        prepare(conn, db)
+        return _published(conn, db)
+
+
+def request_backfills(db: DatabaseConfig, requests: list[BackfillRequest]) -> None:
+    """Check each request against the database, make sure the slot exists, and write them."""
+    with _connect(db) as conn:
+        prepare(conn, db)
+        published = set(_published(conn, db))
+        for request in requests:
+            if request.table not in published:
+                raise BackfillRequestError(
+                    f"table {request.table} is not in publication {db.publication.name} of database '{db.name}': "
+                    "walflow does not stream it, so it cannot backfill it"
+                )
+            if request.sort_column is not None:
+                schema, _, name = request.table.partition(".")
+                if conn.execute(_COLUMN_QUERY, [schema, name, request.sort_column]).fetchone() is None:
+                    raise BackfillRequestError(f"table {request.table} has no column {request.sort_column}")
+        for request in requests:
+            signals.emit(conn, signals.Signal("request", db.slot.name, request))

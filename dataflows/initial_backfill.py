@@ -1,0 +1,50 @@
+"""A sink's ``initial_backfill``: requested once, when the sink is first started.
+
+"First started" is remembered where the sink lives: the ``walflow_state`` key-value bucket
+on its NATS (:meth:`connectors.nats.sink.JetStreamSink.record_initial_backfill`), written
+after the requests are in the slot. A crash between the two asks again on the next start
+(a second backfill, harmless: the stream still ends with each row's latest state); the
+other order could lose the backfill. Runs in the one process that reads the slot, when
+its source partition is built: a cluster asks once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from config.schema import DatabaseConfig, SinkConfig
+from connectors.nats.sink import JetStreamSink
+from connectors.postgres.requests import publication_tables, request_backfills
+from connectors.postgres.signals import BackfillRequest
+from transforms.filter import SinkFilter
+
+log = logging.getLogger("walflow.backfill")
+
+
+class InitialBackfills:
+    """Requests the initial backfills of ``sinks`` that no earlier run requested."""
+
+    def __init__(self, db: DatabaseConfig, sinks: list[SinkConfig], publishers: dict[str, JetStreamSink]) -> None:
+        self.db = db
+        self.sinks = [s for s in sinks if s.initial_backfill]
+        self.publishers = publishers
+
+    def __call__(self) -> None:
+        pending = [s for s in self.sinks if not self.publishers[s.name].initial_backfill_requested()]
+        if not pending:
+            return
+        published = publication_tables(self.db)
+        for sink in pending:
+            requests = self._requests(sink, published)
+            request_backfills(self.db, requests)
+            self.publishers[sink.name].record_initial_backfill([r.id for r in requests])
+            log.info("sink %s: initial backfill of %d table(s) requested: %s", sink.name, len(requests),
+                     ", ".join(f"{r.table} ({r.id})" for r in requests) or "none")
+
+    @staticmethod
+    def _requests(sink: SinkConfig, published: list[str]) -> list[BackfillRequest]:
+        if sink.initial_backfill is True:
+            receives = SinkFilter(sink).receives
+            return [BackfillRequest.new(sink.name, t) for t in published if receives(t.partition(".")[0], t)]
+        assert isinstance(sink.initial_backfill, list)
+        return [BackfillRequest.new(sink.name, b.table, b.sort_column, b.start_position) for b in sink.initial_backfill]
