@@ -18,6 +18,8 @@ usage: ./run.sh COMMAND [ARGS...]
   test [PYTEST ARGS...]       setup if needed, then the whole test suite (starts its own PostgreSQL and NATS)
   run [CONFIG] [BYTEWAX ARGS] python -m bytewax.run dataflows.cdc with WALFLOW_CONFIG=CONFIG
                               (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax
+  backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]
+                              ask the running pipeline (or the next one started) to backfill a table
   demo [--seconds N]          throwaway PostgreSQL + NATS, a demo schema, events printed live (Ctrl-C stops)
   bench [--quick] [OPTIONS]   throughput, CPU, memory, slot lag and latency against its own PostgreSQL + NATS;
                               writes bench/results/<date>.{json,md,png} (--help lists the sizes)
@@ -131,6 +133,10 @@ case "$cmd" in
         setup
         ensure_postgres
         exec "$VENV/bin/python" -m bench "$@"
+        ;;
+    backfill)
+        setup
+        exec "$VENV/bin/walflow" backfill "$@"
         ;;
     -h | --help | help)
         usage

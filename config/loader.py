@@ -101,9 +101,11 @@ def drop_ignored(model: type[Section], data: Any, loc: Location) -> list[str]:
 
 
 def _sections(annotation: Any) -> list[type[Section]]:
-    """The Section models inside ``X``, ``list[X]``, ``X | None`` or a union of them."""
+    """The Section models inside ``X``, ``list[X]``, ``X | None`` or a union of them (annotated or not)."""
     if isinstance(annotation, type) and issubclass(annotation, Section):
         return [annotation]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _sections(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
         return [model for arg in typing.get_args(annotation) for model in _sections(arg)]
     return []
@@ -198,6 +200,8 @@ def _walk(loc: Location) -> tuple[list[str | int], type[BaseModel] | None]:
     parts = list(loc)
     while parts:
         part = parts.pop(0)
+        if _is_tag(part):
+            continue
         out.append(part)
         if model is None or isinstance(part, int):
             continue

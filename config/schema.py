@@ -15,7 +15,18 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FilePath, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    FilePath,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Milliseconds = Annotated[int, Field(gt=0)]
@@ -258,7 +269,11 @@ class SinkConfig(Section):
     annotations: dict[str, Any] = {}
     timestamp_format: Literal["iso8601", "unix_microsecond"] = "iso8601"
     #: When the sink is first started: backfill every table it reads (true), or these.
-    initial_backfill: bool | list[InitialBackfill] = False
+    initial_backfill: Annotated[
+        # tags as pydantic names union members, so error paths read sinks[0].initial_backfill[0].table
+        Annotated[bool, Tag("bool")] | Annotated[list[InitialBackfill], Tag("list[InitialBackfill]")],
+        Discriminator(lambda value: "list[InitialBackfill]" if isinstance(value, list) else "bool"),
+    ] = False
     filter: NoFunction | None = None
     transform: NoFunction | None = None
     routing: NoFunction | None = None

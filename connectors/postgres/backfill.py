@@ -26,8 +26,8 @@ partition's snapshot holds each backfill's position (:meth:`Backfills.snapshot`)
 read again reads rows that may already be in the stream; their ids name the backfill and
 the row (:meth:`core.ids.IdScheme.encode_read`), so the sink publishes them once.
 
-**Bounds.** A runner reads its next chunk only after the partition has emitted the
-previous one, so each table holds at most one chunk (``walflow.backfill.max_chunk_*``);
+**Bounds.** A runner reads at most one chunk ahead of what the partition has emitted,
+so each table holds at most two chunks (``walflow.backfill.max_chunk_*``);
 reads count against the epoch budget like changes. At most ``max_concurrent`` tables are
 read at once; the others wait, and write a checkpoint every few seconds so that waiting
 does not hold the slot back.
@@ -63,6 +63,9 @@ _LOG_EVERY: Final = 60.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
 #: A SELECT may take this many times its budget before it is cancelled and the chunk halved.
 _TIMEOUT_FACTOR: Final = 10
+#: Chunks a table may have read and not yet emitted: one being emitted, one read ahead.
+_AHEAD: Final = 2
+_NO_REWIND: Final = object()
 
 
 class BackfillState(TypedDict):
@@ -84,11 +87,13 @@ class _Job:
     started: float = field(default_factory=time.monotonic)
     #: The columns that identify a row (known once the table is described).
     key_columns: tuple[str, ...] | None = None
-    #: The chunk the runner waits to see emitted, the event that wakes it, and whether
-    #: the partition took its rows (False: read it again).
-    waiting_for: int | None = None
-    emitted: threading.Event = field(default_factory=threading.Event)
-    accepted: bool = False
+    #: Chunks handed over whose high watermark the partition has not reached yet, by
+    #: number, with the position each starts after; ``changed`` is notified as they go.
+    pending: dict[int, Cursor | None] = field(default_factory=dict)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    #: A chunk the partition dropped: where to read again from (``_NO_REWIND``: none).
+    rewind: Cursor | None | object = _NO_REWIND
+    done: bool = False
     thread: threading.Thread | None = None
     #: What was last logged: when, and the rows then (for the rate).
     logged_at: float = field(default_factory=time.monotonic)
@@ -136,21 +141,28 @@ class BackfillRunner:
 
     def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
         """The partition emitted the chunk (or, not ``accepted``, dropped it): the runner
-        may read the next one (or that one again)."""
+        may read another one (or that one again)."""
         with self._lock:
             job = self._jobs.get(backfill)
-            if job is not None and job.waiting_for == chunk:
-                job.rows += rows
-                job.waiting_for = None
-                job.accepted = accepted
-                job.emitted.set()
+        if job is None:
+            return
+        with job.changed:
+            start = job.pending.pop(chunk, _NO_REWIND)
+            if start is _NO_REWIND:
+                return  # forgotten: the runner reads it again anyway
+            job.rows += rows
+            if not accepted and job.rewind is _NO_REWIND:
+                job.rewind = start
+            job.changed.notify_all()
 
     def finished(self, backfill: str) -> None:
         """The partition saw the backfill end: another table may start."""
         with self._lock:
             job = self._jobs.pop(backfill, None)
             if job is not None:
-                job.emitted.set()
+                with job.changed:
+                    job.done = True
+                    job.changed.notify_all()
                 self._queue = [b for b in self._queue if b != backfill]
                 self._start_waiting()
 
@@ -177,7 +189,8 @@ class BackfillRunner:
         with self._lock:
             jobs = list(self._jobs.values())
         for job in jobs:
-            job.emitted.set()
+            with job.changed:
+                job.changed.notify_all()
         for job in jobs:
             if job.thread is not None:
                 job.thread.join(5)
@@ -214,7 +227,7 @@ class BackfillRunner:
         delay = _BACKOFF_MIN
         request = job.request
         log.info("backfill %s of %s for sink %s: starting%s", request.id, request.table, request.sink,
-                 "" if job.after is None else " where it stopped")
+                 "" if job.after is None else f" where it stopped, after {job.rows:,} row(s)")
         while not self._stopping.is_set():
             try:
                 with self._connect("backfill") as conn:
@@ -231,20 +244,34 @@ class BackfillRunner:
                 self._end_after_failure(job, f"table {request.table} was dropped")
                 return
             except psycopg.Error as exc:
-                self._forget_chunks(request.id)
+                self._forget_chunks(job)
                 log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
                             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
 
     def _chunks(self, conn: psycopg.Connection[Any], job: _Job, reader: TableReader) -> bool:
-        """Chunks until the table's last; True when done, False to stop."""
+        """Chunks until the table's last is emitted; True when done, False to stop.
+
+        One chunk is read ahead: chunk k+1's low watermark is written after chunk k's high
+        one, so the partition, reading in WAL order, never has two windows of a table open
+        at once, and the ``SELECT`` of the next chunk overlaps the emission of this one.
+        """
+        after = job.after
         while not self._stopping.is_set():
+            with job.changed:
+                job.changed.wait_for(lambda: len(job.pending) < _AHEAD or self._stopping.is_set() or job.done)
+                rewind = job.rewind
+            if rewind is not _NO_REWIND:  # a chunk was dropped: it and those read after it are read again
+                self._forget_chunks(job, rewind)
+                after = job.after
+            if self._stopping.is_set() or job.done:
+                return job.done
             number = next(self._chunk_numbers)
-            signals.emit(conn, self._signal("low", job, chunk=number, after=job.after))
+            signals.emit(conn, self._signal("low", job, chunk=number, after=after))
             started = time.monotonic()
             try:
-                chunk = reader.read(job.after)
+                chunk = reader.read(after)
             except psycopg.errors.QueryCanceled:
                 reader.shrink()
                 log.info("backfill %s of %s: a chunk ran past the statement timeout; reading %d rows at a time",
@@ -254,21 +281,18 @@ class BackfillRunner:
             last = len(chunk.rows) < reader.limit
             with self._lock:
                 self._ready[(job.request.id, number)] = chunk
-                job.waiting_for = number
-                job.accepted = False
-                job.emitted.clear()
-            signals.emit(conn, self._signal("high", job, chunk=number, after=job.after, last=last))
+            with job.changed:
+                job.pending[number] = after
+            signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last))
             reader.adapt(len(chunk.rows), seconds, sum(chunk.sizes))
-            job.emitted.wait()
-            if self._stopping.is_set():
-                return False
-            if not job.accepted:
-                continue
-            if chunk.end is not None:
-                job.after = chunk.end
             self._report(job)
-            if last:
-                return True
+            if chunk.end is not None:
+                after = job.after = chunk.end
+            if last:  # done once the partition emitted it (finished() ends the job), unless it dropped it
+                with job.changed:
+                    job.changed.wait_for(lambda: job.done or self._stopping.is_set() or job.rewind is not _NO_REWIND)
+                    if job.done or self._stopping.is_set():
+                        return job.done
         return False
 
     def _end(self, conn: psycopg.Connection[Any], job: _Job, error: str) -> None:
@@ -276,7 +300,7 @@ class BackfillRunner:
         signals.emit(conn, self._signal("high", job, after=job.after, last=True, error=error))
 
     def _end_after_failure(self, job: _Job, error: str) -> None:
-        self._forget_chunks(job.request.id)
+        self._forget_chunks(job)
         delay = _BACKOFF_MIN
         while not self._stopping.is_set():
             try:
@@ -287,14 +311,20 @@ class BackfillRunner:
                 self._stopping.wait(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
 
-    def _forget_chunks(self, backfill: str) -> None:
-        """A chunk whose high watermark may never come: the next attempt reads it again."""
+    def _forget_chunks(self, job: _Job, start: Cursor | None | object = _NO_REWIND) -> None:
+        """Chunks whose high watermark may never come, or that follow a dropped one: the
+        next attempt reads again from ``start``, else from where the oldest of them began."""
+        with job.changed:
+            if start is _NO_REWIND and job.pending:
+                start = job.pending[min(job.pending)]
+            if start is not _NO_REWIND:
+                job.after = start  # type: ignore[assignment]
+            job.pending.clear()
+            job.rewind = _NO_REWIND
+            job.changed.notify_all()
         with self._lock:
-            for key in [k for k in self._ready if k[0] == backfill]:
+            for key in [k for k in self._ready if k[0] == job.request.id]:
                 del self._ready[key]
-            job = self._jobs.get(backfill)
-            if job is not None:
-                job.waiting_for = None
 
     def _checkpoint_waiting(self) -> None:
         """Backfills waiting their turn write a checkpoint now and then, so the slot moves on."""
@@ -409,12 +439,11 @@ class Backfills:
             return 0
         request = signal.request
         running = self._running.get(request.id)
-        if running is None:
-            if signal.kind == "high" and signal.run == self._runner.run_id:
-                return 0  # the end of one that already ended
-            self._begin(signal, position)
-            return 0
         own = signal.run == self._runner.run_id
+        if running is None:
+            if not own:  # a request, or an earlier run's watermark of a backfill this run has not seen yet
+                self._begin(signal, position)
+            return 0  # else: one that already ended in this run
         if signal.kind == "low" and own:
             running.floor = position
             if signal.chunk is not None:
@@ -490,11 +519,12 @@ class Backfills:
         if chunk.end is not None:
             running.after = chunk.end
         running.rows += emitted
-        self._runner.emitted(request.id, number, emitted)
         if signal.last:
             log.info("backfill %s of %s for sink %s: done, %s row(s)", request.id, request.table, request.sink,
                      f"{running.rows:,}")
             self._finish(running)
+        else:
+            self._runner.emitted(request.id, number, emitted)
         return size
 
     def _finish(self, running: _Running) -> None:

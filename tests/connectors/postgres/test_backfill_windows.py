@@ -1,0 +1,173 @@
+"""The partition's side of backfills (:class:`connectors.postgres.backfill.Backfills`), without servers.
+
+Signals are fed in WAL order as the decoder stages them; the runner is a fake that hands
+out prepared chunks. What is checked: which rows a high watermark releases, where they
+stand, how far the slot may be confirmed, what a snapshot and a resume carry, and what is
+ignored (other runs' watermarks, other slots, unknown sinks, duplicate requests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connectors.postgres.backfill import Backfills, BackfillState
+from connectors.postgres.chunks import Chunk
+from connectors.postgres.decoder import Signal
+from connectors.postgres.signals import BackfillRequest, Cursor
+from connectors.postgres.signals import Signal as Watermark
+from core.events import RawChange, RawRow, Table
+from core.ids import row_key
+from tests.transforms.samples import TS, raw_change
+
+SLOT = "wf_slot"
+TABLE = Table("public", "orders", ("id", "status"), ("id",), ("id",), (bytes.decode, bytes.decode))
+REQUEST = BackfillRequest("b1", "app-to-nats", "public.orders")
+
+
+class FakeRunner:
+    run_id = "this-run"
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, Cursor | None, int]] = []
+        self.chunks: dict[tuple[str, int], Chunk] = {}
+        self.emitted_calls: list[tuple[str, int, int, bool]] = []
+        self.finished_calls: list[str] = []
+
+    def start(self, request: BackfillRequest, after: Cursor | None, rows: int) -> None:
+        self.started.append((request.id, after, rows))
+
+    def take(self, backfill: str, chunk: int) -> Chunk | None:
+        return self.chunks.pop((backfill, chunk), None)
+
+    def key_columns(self, backfill: str) -> tuple[str, ...]:
+        return ("id",)
+
+    def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
+        self.emitted_calls.append((backfill, chunk, rows, accepted))
+
+    def finished(self, backfill: str) -> None:
+        self.finished_calls.append(backfill)
+
+    def stop(self) -> None:
+        pass
+
+
+def chunk(*ids: int, end: Cursor | None = None) -> Chunk:
+    rows: list[RawRow] = [(str(i).encode(), b"new") for i in ids]
+    return Chunk(TABLE, rows, [row_key([r[0]]) for r in rows], [100] * len(rows),
+                 end if end is not None else ([str(ids[-1])] if ids else None))
+
+
+def signal(kind: str, *, run: str | None = "this-run", number: int | None = None, after: Cursor | None = None,
+           last: bool = False, error: str | None = None, rows: int = 0, request: BackfillRequest = REQUEST,
+           slot: str = SLOT, lsn: int = 1000) -> Signal:
+    content = Watermark(kind, slot, request, run=run, chunk=number, after=after, rows=rows,  # type: ignore[arg-type]
+                        last=last, error=error).encode().encode()
+    return Signal(lsn, TS, content)
+
+
+def change(action: str, id_: str, **kw: Any) -> RawChange:
+    row = {"id": id_.encode(), "status": b"changed"}
+    if action == "delete":
+        return raw_change("delete", old={"id": id_.encode()}, old_is_key=True, **kw)
+    return raw_change(action, new=row, **kw)  # type: ignore[arg-type]
+
+
+def make(runner: FakeRunner, resume: list[BackfillState] | None = None) -> Backfills:
+    return Backfills(SLOT, frozenset({"app-to-nats"}), runner, resume, resume_lsn=50)  # type: ignore[arg-type]
+
+
+def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_window() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("request", run=None), 100, out)
+    assert runner.started == [("b1", None, 0)] and backfills.floor == 100
+    backfills.on_signal(signal("low", number=0), 200, out)
+    assert backfills.watching and backfills.floor == 200
+    backfills.observe(change("update", "2"))
+    backfills.observe(change("delete", "3"))
+    backfills.observe(change("insert", "9", table="customers"))  # another table: no effect
+    runner.chunks[("b1", 0)] = chunk(1, 2, 3, 4)
+    size = backfills.on_signal(signal("high", number=0, lsn=5000), 300, out)
+    assert [(c.action, c.new, c.commit_lsn, c.commit_idx) for c in out] == [
+        ("read", (b"1", b"new"), 5000, 1), ("read", (b"4", b"new"), 5000, 2)]
+    assert [c.read for c in out] == [("app-to-nats", "b1", '["1"]'), ("app-to-nats", "b1", '["4"]')]
+    assert size == 200 and not backfills.watching
+    assert runner.emitted_calls == [("b1", 0, 2, True)]
+    assert backfills.snapshot() == [{"request": {"id": "b1", "sink": "app-to-nats", "table": "public.orders",
+                                                 "sort_column": None, "start_position": None},
+                                     "after": ["4"], "rows": 2}]
+
+
+def test_the_last_chunk_ends_the_backfill_and_lifts_the_floor() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("request", run=None), 100, out)
+    backfills.on_signal(signal("low", number=7), 200, out)
+    runner.chunks[("b1", 7)] = chunk(1)
+    backfills.on_signal(signal("high", number=7, last=True), 300, out)
+    assert len(out) == 1 and backfills.floor is None and backfills.snapshot() == []
+    assert runner.finished_calls == ["b1"] and runner.emitted_calls == []
+    # this run's signals of a backfill that ended are not a new backfill
+    backfills.on_signal(signal("low", number=8), 400, out)
+    assert runner.started == [("b1", None, 0)] and backfills.floor is None
+
+
+def test_an_earlier_runs_watermark_resumes_the_backfill_from_its_start_position() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("low", run="dead-run", number=3, after=["500"], rows=500), 100, out)
+    assert runner.started == [("b1", ["500"], 500)] and backfills.floor == 100
+    # its later watermarks are history: no window, no rows, no new start
+    backfills.on_signal(signal("high", run="dead-run", number=3, after=["500"]), 150, out)
+    backfills.on_signal(signal("low", run="dead-run", number=4, after=["600"]), 160, out)
+    assert out == [] and not backfills.watching and runner.started == [("b1", ["500"], 500)]
+    assert backfills.floor == 100
+
+
+def test_a_snapshot_resumes_where_it_stood_and_ignores_the_replayed_watermarks() -> None:
+    runner = FakeRunner()
+    state: BackfillState = {"request": {"id": "b1", "sink": "app-to-nats", "table": "public.orders",
+                                        "sort_column": None, "start_position": None}, "after": ["42"], "rows": 42}
+    backfills = make(runner, [state])
+    assert runner.started == [("b1", ["42"], 42)] and backfills.floor == 50
+    out: list[RawChange] = []
+    backfills.on_signal(signal("low", run="dead-run", number=9, after=["90"]), 100, out)
+    assert backfills.floor == 50 and runner.started == [("b1", ["42"], 42)]
+
+
+def test_a_high_watermark_of_a_window_it_did_not_watch_drops_the_chunk_and_asks_for_it_again() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("request", run=None), 100, out)
+    backfills.on_signal(signal("low", number=1), 200, out)
+    runner.chunks[("b1", 0)] = chunk(1)
+    backfills.on_signal(signal("high", number=0), 300, out)
+    assert out == [] and runner.emitted_calls == [("b1", 0, 0, False)]
+
+
+def test_ignored_signals() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("request", run=None, slot="someone_else"), 100, out)
+    backfills.on_signal(Signal(100, TS, b"not json"), 100, out)
+    backfills.on_signal(signal("request", run=None, request=BackfillRequest("b2", "unknown-sink", "public.x")), 100, out)
+    assert runner.started == []
+    backfills.on_signal(signal("request", run=None), 100, out)
+    backfills.on_signal(signal("request", run=None, request=BackfillRequest("b3", "app-to-nats", "public.orders")),
+                        110, out)
+    assert runner.started == [("b1", None, 0)], "a second backfill of the same table and sink while one runs"
+
+
+def test_an_error_ends_the_backfill_without_rows() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    backfills.on_signal(signal("request", run=None), 100, out)
+    backfills.on_signal(signal("high", last=True, error="table public.orders was dropped"), 200, out)
+    assert out == [] and runner.finished_calls == ["b1"] and backfills.floor is None
