@@ -10,7 +10,7 @@ from pathlib import Path
 from bench.runner import FULL, QUICK, Options, run
 from bench.walflow import DEPLOYMENTS
 
-WORKLOADS = ("mixed", "bulk", "wide", "latency")
+WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     sizes.add_argument("--bulk-rows", type=int,
                        help=f"(b) rows in the bulk insert transaction (then 10%% updated, 10%% deleted) "
                        f"[full {FULL.bulk_rows:,}, quick {QUICK.bulk_rows:,}]")
+    sizes.add_argument("--backfill-rows", type=int,
+                       help=f"rows of the table backfilled, once ~100 B and once ~1.6 KB rows "
+                       f"[full {FULL.backfill_rows:,}, quick {QUICK.backfill_rows:,}]")
     sizes.add_argument("--clients", type=int, help=f"concurrent writer sessions [{FULL.clients}]")
     sizes.add_argument("--pad", type=int, help=f"string_field length for ~100 B rows [{FULL.pad}]")
     sizes.add_argument("--wide-pad", type=int, help=f"string_field length for ~1.6 KB rows [{FULL.wide_pad}]")

@@ -31,6 +31,7 @@ import psycopg
 from bench.jetstream import JetStream, StoredMessage
 from bench.monitor import CpuSnapshot, MemorySampler, SlotLagSampler, cpu_seconds
 from bench.walflow import Deployment, Target, Walflow, write_config
+from bench.workloads import current_lsn
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.publisher import AckPublisher
@@ -71,11 +72,15 @@ def _slot_confirmed(dsn: str, slot: str) -> int:
 
 
 def walflow_catchup(
-    js: JetStream, workdir: Path, target: Target, deployment: Deployment, *, dsn: str, changes: int, end_lsn: int,
-    timeout: float,
+    js: JetStream, workdir: Path, target: Target, deployment: Deployment, *, dsn: str, changes: int,
+    end_lsn: int | None, timeout: float, initial_backfill: bool = False,
 ) -> dict[str, Any]:
-    """Run walflow until its stream holds all ``changes``; measure what it took."""
-    config = write_config(workdir / f"{target.stream}.yaml", target)
+    """Run walflow until its stream holds all ``changes``; measure what it took.
+
+    ``end_lsn`` None: the slot must pass the server's WAL position at the moment the stream
+    is complete (a backfill writes its own watermarks, so where its WAL ends is known only then).
+    """
+    config = write_config(workdir / f"{target.stream}.yaml", target, initial_backfill=initial_backfill)
     with Walflow(config, deployment) as wf:
         began = time.monotonic()
         memory = MemorySampler(wf.pids)
@@ -91,6 +96,7 @@ def walflow_catchup(
                 wf.check()
                 if baseline is None and count > 0:
                     baseline = (count, sum(cpu_seconds(p) for p in wf.pids), CpuSnapshot.take())
+                    first_at = time.monotonic() - lag.started
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"walflow {deployment.label}: {count}/{changes} messages after {timeout:.0f}s")
                 time.sleep(POLL_INTERVAL)
@@ -98,6 +104,10 @@ def walflow_catchup(
             cpu_end = sum(cpu_seconds(p) for p in wf.pids)
             if baseline is None:  # everything arrived between two polls
                 baseline = (0, 0.0, CpuSnapshot.take())
+                first_at = done - lag.started
+            if end_lsn is None:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    end_lsn = current_lsn(conn)
             shares = CpuSnapshot.take().shares_since(baseline[2])
             # The slot is confirmed one to two epochs after JetStream has the messages: how
             # long until Postgres may drop the workload's WAL.
@@ -127,6 +137,8 @@ def walflow_catchup(
         "peak_rss_mb": round(memory.peak_process / 2**20, 1),
         "peak_rss_total_mb": round(memory.peak_total / 2**20, 1),
         "slot_confirmed_after_s": slot_caught_up,
+        # while the stream filled: whether the slot kept moving, and how far it trailed
+        **lag.progress(first_at, done - lag.started),
         "slot_lag": [(t, round(b / 2**20, 3)) for t, b in lag.series],
     }
 

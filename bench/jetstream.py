@@ -21,6 +21,7 @@ from nats.js.api import (
     DeliverPolicy,
     DiscardPolicy,
     Header,
+    RawStreamMsg,
     StorageType,
     StreamConfig,
 )
@@ -110,12 +111,17 @@ class JetStream:
         except NotFoundError:
             pass
 
-    def first_last_time(self, stream: str) -> tuple[datetime, datetime]:
-        """Storage times of the stream's first and last message: JetStream stamps messages
-        in sequence order, so these bound everything in between."""
+    def first_last(self, stream: str) -> tuple[RawStreamMsg, RawStreamMsg]:
+        """The stream's first and last message, as stored (payload and storage time)."""
         info = self.run(self.js.stream_info(stream))
         first = self.run(self.js.get_msg(stream, info.state.first_seq))
         last = self.run(self.js.get_msg(stream, info.state.last_seq))
+        return first, last
+
+    def first_last_time(self, stream: str) -> tuple[datetime, datetime]:
+        """Storage times of the stream's first and last message: JetStream stamps messages
+        in sequence order, so these bound everything in between."""
+        first, last = self.first_last(stream)
         assert first.time is not None and last.time is not None
         return first.time, last.time
 

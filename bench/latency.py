@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.jetstream import JetStream, StoredMessage
+from bench.jetstream import JetStream
 from bench.monitor import CpuSnapshot, MemorySampler, SlotLagSampler, cpu_seconds
 from bench.walflow import DEPLOYMENTS, Target, Walflow, write_config
 from connectors.postgres.protocol import str_to_lsn
@@ -105,8 +105,10 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": rank(0.50), "p95": rank(0.95), "p99": rank(0.99), "max": ordered[-1]}
 
 
-def _commit_ns(message: StoredMessage) -> int:
-    stamp = json.loads(message.data)["metadata"]["commit_timestamp"]
+def commit_ns(payload: bytes) -> int:
+    """The commit timestamp in walflow's payload, in ns since the epoch (for a backfill's
+    read: its chunk's high watermark, written right after the chunk's ``SELECT``)."""
+    stamp = json.loads(payload)["metadata"]["commit_timestamp"]
     return int((datetime.fromisoformat(stamp) - _EPOCH) // _US * 1000)
 
 
@@ -183,7 +185,7 @@ def run_latency(
     }
     for phase, first, end, figures in ranges:
         messages = [by_seq[seq] for seq in range(first, end + 1)]
-        commits = [_commit_ns(m) for m in messages]
+        commits = [commit_ns(m.data) for m in messages]
         latencies = [(m.time_ns - c) / 1e6 for m, c in zip(messages, commits, strict=True)]
         last_stored = max((m.time_ns for m in messages), default=0)
         span = (last_stored - min(commits)) / 1e9 if messages else 0.0

@@ -7,6 +7,7 @@ possibly with children, so every figure is summed over each process tree.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -148,13 +149,16 @@ class MemorySampler(Sampler):
 
 class SlotLagSampler(Sampler):
     """``pg_current_wal_lsn() - confirmed_flush_lsn`` of one slot every 250 ms: how far the
-    slot trails the server, i.e. the WAL Postgres must keep for it."""
+    slot trails the server, i.e. the WAL Postgres must keep for it. The confirmed LSN itself
+    is kept beside it: where little WAL is written (a backfill writes only its watermarks)
+    the lag stays small even if the slot stood still, so only the LSN shows it moving."""
 
     def __init__(self, dsn: str, slot: str, interval: float = 0.25) -> None:
         super().__init__(interval)
         self.dsn = dsn
         self.slot = slot
         self.series: list[tuple[float, int]] = []
+        self.confirmed: list[tuple[float, int]] = []
 
     def run(self) -> None:
         try:
@@ -166,8 +170,26 @@ class SlotLagSampler(Sampler):
 
     def sample(self, at: float) -> None:
         row = self._conn.execute(
-            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
+            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (confirmed_flush_lsn - '0/0')::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s",
             [self.slot],
         ).fetchone()
         if row is not None and row[0] is not None:
             self.series.append((round(at, 3), int(row[0])))
+            self.confirmed.append((round(at, 3), int(row[1])))
+
+    def progress(self, start: float, end: float) -> dict[str, float | int | None]:
+        """How the confirmed LSN moved between ``start`` and ``end`` (seconds on this sampler's
+        clock): how often it advanced, the longest it stood still, the most the slot trailed."""
+        window = [(t, lsn) for t, lsn in self.confirmed if start <= t <= end]
+        moves, still, since = 0, 0.0, start
+        for (_, before), (t, lsn) in itertools.pairwise(window):
+            if lsn > before:
+                moves += 1
+                still, since = max(still, t - since), t
+        lags = [b for t, b in self.series if start <= t <= end]
+        return {
+            "slot_confirmed_moves": moves,
+            "slot_confirmed_still_max_s": round(max(still, end - since), 3) if window else None,
+            "slot_lag_max_mb": round(max(lags) / 2**20, 3) if lags else None,
+        }

@@ -14,6 +14,10 @@ TARGET_CPU_US = 20
 TARGET_P99_MS = 100
 TARGET_RATE = 35_000
 TARGET_CEILING_SHARE = 0.9
+#: Issue 12: a backfill of (a)'s rows, rows/s into JetStream.
+TARGET_BACKFILL_RATE = 50_000
+#: The backfill whose rate the target is about.
+BACKFILL_TARGETED = "backfill-100B"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -33,8 +37,13 @@ def _walflow_runs(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any
     ]
 
 
+def _backfill_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(table shape, walflow's run) for every backfill."""
+    return [(name, b["walflow"]) for name, b in results.get("backfill", {}).items()]
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 7 with the measured figure and whether it is met."""
+    """Each target of issues 7 and 12 with the measured figure and whether it is met."""
     rows: list[dict[str, Any]] = []
 
     def add(what: str, measured: float | None, target: str, ok: Callable[[float], bool]) -> None:
@@ -60,7 +69,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if phase:
         add("p99 latency at 5k/s (ms)", phase["latency_ms"].get("p99"), f"≤ {TARGET_P99_MS}",
             lambda v: v <= TARGET_P99_MS)
+    targeted = results.get("backfill", {}).get(BACKFILL_TARGETED)
+    if targeted:
+        add(f"{BACKFILL_TARGETED} rows/s, 1 worker", targeted["walflow"]["rows_per_s"], f"≥ {TARGET_BACKFILL_RATE:,}",
+            lambda v: v >= TARGET_BACKFILL_RATE)
     peaks = [run["peak_rss_mb"] for _, _, run in _walflow_runs(results)]
+    peaks += [run["peak_rss_mb"] for _, run in _backfill_runs(results)]
     if "latency" in results:
         peaks.append(results["latency"]["peak_rss_mb"])
     if peaks:
@@ -119,8 +133,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(run['peak_rss_mb'])} / {_fmt(run['peak_rss_total_mb'])} | {_fmt(run['slot_confirmed_after_s'])} "
             f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
         )
-    if not results["workloads"]:  # a latency-only run (--only latency): title and environment only
+    if not results["workloads"]:  # a run without catch-up (--only latency): title and environment only
         del lines[3:]
+    lines += _backfill_markdown(results)
     latency = results.get("latency")
     if latency:
         lines += [
@@ -150,11 +165,43 @@ def markdown(results: dict[str, Any]) -> str:
             )
     if results.get("warnings"):
         lines += ["", "## Warnings", "", *(f"- {w}" for w in results["warnings"])]
-    lines += ["", "## Targets (issue 7)", "", "| target | measured | goal | met |", "|---|--:|---|---|"]
+    lines += ["", "## Targets (issues 7 and 12)", "", "| target | measured | goal | met |", "|---|--:|---|---|"]
     for row in results["targets"]:
         met = {True: "yes", False: "**no**", None: "–"}[row["met"]]
         lines.append(f"| {row['target']} | {_fmt(row['measured'], 2)} | {row['goal']} | {met} |")
     return "\n".join(lines) + "\n"
+
+
+def _backfill_markdown(results: dict[str, Any]) -> list[str]:
+    """The backfill table: walflow beside COPY of the same table, the target beside (a)'s shape."""
+    backfills = results.get("backfill")
+    if not backfills:
+        return []
+    lines = [
+        "",
+        "## Backfill (walflow 1 worker, `initial_backfill: true`: a table's existing rows into JetStream as reads)",
+        "",
+        ("rows/s from the first read (its chunk's high watermark) to the last message JetStream stored (in "
+        "brackets: from process start); COPY: `COPY (SELECT * FROM benchmark_records) TO STDOUT` through psycopg, "
+        "data discarded, the faster of one run before walflow and one after. The slot: its confirmed LSN while "
+        "the stream filled."),
+        "",
+        ("| table | rows | row B | COPY rows/s | walflow rows/s | target | walflow / COPY | s | CPU µs/row "
+        "| peak RSS MB | slot lag max MB | slot confirmed: moves / longest still s | machine CPU busy / others' |"),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, b in backfills.items():
+        run = b["walflow"]
+        goal = f"≥ {TARGET_BACKFILL_RATE:,}" if name == BACKFILL_TARGETED else "–"
+        lines.append(
+            f"| {name} | {_fmt(b['changes'])} | {_fmt(round(b['avg_row_bytes']))} | {_fmt(b['copy']['rows_per_s'])} "
+            f"| **{_fmt(run['rows_per_s'])}** ({_fmt(run['changes_per_s_incl_startup'])}) | {goal} "
+            f"| {_fmt(b['walflow_over_copy'], 2)} | {_fmt(run['first_read_to_last_stored_s'], 2)} "
+            f"| {_fmt(run['cpu_us_per_change'])} | {_fmt(run['peak_rss_mb'])} | {_fmt(run['slot_lag_max_mb'], 3)} "
+            f"| {_fmt(run['slot_confirmed_moves'])} / {_fmt(run['slot_confirmed_still_max_s'], 2)} "
+            f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
+        )
+    return lines
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
@@ -185,17 +232,20 @@ def chart(results: dict[str, Any], path: Path) -> None:
     rates.set_title("Throughput, catch-up over the same WAL")
     rates.legend(fontsize=8)
 
-    for name, _key, run in _walflow_runs(results):
+    lagging = [(f"{name} {run['deployment']}", run) for name, _key, run in _walflow_runs(results)]
+    lagging += [(f"{name} {run['deployment']}", run) for name, run in _backfill_runs(results)]
+    for label, run in lagging:
         if run["slot_lag"]:
             t, mb = zip(*run["slot_lag"], strict=True)
-            lag.plot(t, mb, label=f"{name} {run['deployment']}")
+            lag.plot(t, mb, label=label)
     lag.set_xlabel("seconds since walflow started")
     lag.set_ylabel("slot lag (MB of WAL)")
-    lag.set_title("Slot lag during catch-up: pg_current_wal_lsn() − confirmed_flush_lsn")
-    if names:
-        lag.legend(fontsize=8)
-    else:  # a latency-only run (--only latency): no catch-up to show
+    lag.set_title("Slot lag during catch-up and backfills: pg_current_wal_lsn() − confirmed_flush_lsn")
+    if not names:  # no catch-up run (--only latency, backfill): no rates to show
         rates.set_visible(False)
+    if lagging:
+        lag.legend(fontsize=8)
+    else:
         lag.set_visible(False)
 
     if "latency" in results and results["latency"]["slot_lag"]:

@@ -19,12 +19,21 @@ from typing import Any, Self
 
 import psycopg
 
-from bench import report
+from bench import backfill, report
 from bench.consumers import sink_ceilings, source_ceiling, walflow_catchup
 from bench.jetstream import JetStream, StoredMessage
 from bench.latency import Phase, find_pgbench, run_latency
 from bench.walflow import DEPLOYMENTS, ROOT, Target
-from bench.workloads import PUBLICATION, Written, drop_database, prepare_database, write_bulk, write_mixed
+from bench.workloads import (
+    PUBLICATION,
+    Written,
+    create_slots,
+    drop_database,
+    prepare_database,
+    write_bulk,
+    write_mixed,
+    write_rows,
+)
 from embedded import NatsServer, PostgresServer
 
 #: The server for a benchmark rather than for tests: room for the 1M-row transaction's WAL
@@ -42,6 +51,7 @@ class Options:
     rows: int
     wide_rows: int
     bulk_rows: int
+    backfill_rows: int
     clients: int = 4
     pad: int = 32
     wide_pad: int = 1500
@@ -51,7 +61,7 @@ class Options:
     window: int = 1024
     deployments: str = "w1,w2,p2"
     other_deployments: str = "w1"
-    only: str = "mixed,bulk,wide,latency"
+    only: str = "mixed,bulk,wide,latency,backfill"
     quick: bool = False
 
     def with_(self, **changes: Any) -> Self:
@@ -61,8 +71,8 @@ class Options:
         return part in self.only.split(",")
 
 
-FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000)
-QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, latency_seconds=4.0, quick=True)
+FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000, backfill_rows=1_000_000)
+QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, backfill_rows=20_000, latency_seconds=4.0, quick=True)
 
 
 _STARTED = time.monotonic()
@@ -74,7 +84,7 @@ def _say(message: str) -> None:
 
 def _git(*args: str) -> str:
     result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-    return result.stdout.strip()
+    return result.stdout.rstrip()  # not strip(): porcelain lines start with a space
 
 
 def environment(pg: PostgresServer, js: JetStream) -> dict[str, Any]:
@@ -93,6 +103,23 @@ def environment(pg: PostgresServer, js: JetStream) -> dict[str, Any]:
         "git_modified": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
         "pg_settings": PG_SETTINGS,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _tag(name: str) -> str:
+    """A workload's name as it may stand in database, stream and subject names."""
+    return name.replace("-", "_").replace(".", "_").lower()
+
+
+def _written(written: Written) -> dict[str, Any]:
+    """What a workload wrote, as the results keep it."""
+    return {
+        "changes": written.changes,
+        "transactions": written.transactions,
+        "avg_row_bytes": round(written.avg_row_bytes, 1),
+        "wal_mb": round(written.wal_bytes / 2**20, 1),
+        "write_s": round(written.seconds, 2),
+        "write_changes_per_s": round(written.changes / written.seconds),
     }
 
 
@@ -127,21 +154,14 @@ class Bench:
 
     def workload(self, name: str, deployments: list[str], write: Callable[[str, str], Written]) -> dict[str, Any]:
         """Write one workload into its own database, then run every consumer over its WAL."""
-        tag = name.replace("-", "_").replace(".", "_").lower()
+        tag = _tag(name)
         database = f"bench_{tag}"
         dsn = self.pg.dsn(database)
         prepare_database(self.pg.dsn(), database, dsn, ["recv", *(f"wf_{d}" for d in deployments)])
         try:
             _say(f"{name}: writing")
             written = write(dsn, database)
-            result: dict[str, Any] = {
-                "changes": written.changes,
-                "transactions": written.transactions,
-                "avg_row_bytes": round(written.avg_row_bytes, 1),
-                "wal_mb": round(written.wal_bytes / 2**20, 1),
-                "write_s": round(written.seconds, 2),
-                "write_changes_per_s": round(written.changes / written.seconds),
-            }
+            result = _written(written)
             _say(f"{name}: {written.changes:,} changes, {result['wal_mb']} MB of WAL in {written.seconds:.1f}s; "
                  "pg_recvlogical")
             result["source_ceiling"] = source = source_ceiling(
@@ -176,6 +196,39 @@ class Bench:
                 )
                 for publisher in ("publish_async", "ack_publisher"):
                     self.check_noise(f"{name}, sink ceiling {publisher}", sink[publisher])
+            return result
+        finally:
+            drop_database(self.pg.dsn(), database)
+
+    def backfill(self, name: str, pad: int) -> dict[str, Any]:
+        """A table of ``backfill_rows`` rows of string_field length ``pad``, then walflow's
+        backfill of it beside COPY of it (:mod:`bench.backfill`)."""
+        tag = _tag(name)
+        database = f"bench_{tag}"
+        dsn = self.pg.dsn(database)
+        rows = self.options.backfill_rows
+        prepare_database(self.pg.dsn(), database, dsn, [])
+        try:
+            _say(f"{name}: writing {rows:,} rows")
+            result = _written(write_rows(dsn, database, rows=rows, clients=self.options.clients, pad=pad))
+            # after the rows: the backfill must be their only way in. A slot name of its own: the
+            # sink remembers its initial backfill per configured database, slot and sink name
+            # (on the NATS that outlives the databases), and would not ask again for another table
+            slot = f"wf_{tag}"
+            create_slots(dsn, [slot])
+            target = self.target(database, slot, tag)
+            _say(f"{name}: COPY, walflow's backfill, COPY")
+            result.update(backfill.measure(self.js, self.workdir, target, dsn=dsn, rows=rows,
+                                           timeout=self.timeout(rows)))
+            self.js.delete_stream(target.stream)
+            run = result["walflow"]
+            for i, copy in enumerate(result["copy"]["runs"]):
+                self.check_noise(f"{name}, COPY {('before', 'after')[i]} walflow", copy)
+            self.check_noise(f"{name}, walflow's backfill", run)
+            self.warnings += [f"{name}: {problem}" for problem in backfill.problems(run, rows)]
+            _say(f"{name}: walflow {run['rows_per_s'] or 0:,} rows/s, COPY {result['copy']['rows_per_s']:,} "
+                 f"rows/s, {run['cpu_us_per_change']} µs/row, peak {run['peak_rss_mb']} MB, slot confirmed "
+                 f"{run['slot_confirmed_moves']} times, still ≤ {run['slot_confirmed_still_max_s']} s")
             return result
         finally:
             drop_database(self.pg.dsn(), database)
@@ -240,6 +293,11 @@ def run(options: Options, out_dir: Path) -> int:
                     )
                 if o.runs("latency"):
                     results["latency"] = suite.latency()
+                if o.runs("backfill"):
+                    results["backfill"] = {
+                        name: suite.backfill(name, pad) for name, pad in (("backfill-100B", o.pad),
+                                                                          ("backfill-1.6KB", o.wide_pad))
+                    }
                 results["warnings"] = suite.warnings
             finally:
                 js.close()

@@ -66,10 +66,11 @@ class Target:
     subject_prefix: str
 
 
-def write_config(path: Path, target: Target) -> Path:
+def write_config(path: Path, target: Target, *, initial_backfill: bool = False) -> Path:
     """A walflow config in Sequin's format (``config/walflow.yaml``'s shape) for ``target``.
     The slot and publication exist already; logs are quiet and the health server off, so
-    runs do not compete for its port."""
+    runs do not compete for its port. ``initial_backfill``: the sink asks, when it starts,
+    for every table it reads to be backfilled (``walflow.backfill``'s settings as shipped)."""
     config = {
         "databases": [
             {
@@ -86,6 +87,7 @@ def write_config(path: Path, target: Target) -> Path:
             {
                 "name": "bench",
                 "database": DATABASE_NAME,
+                "initial_backfill": initial_backfill,
                 "destination": {
                     "type": "nats",
                     "host": target.nats_host,

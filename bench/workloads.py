@@ -8,6 +8,9 @@
   the ~1.6 KB ones.
 - **bulk**: one transaction inserting N rows, then one updating and one deleting a tenth
   of them each: a few large transactions, the first of them N rows long.
+- **rows** (for backfills): N rows of the mixed workload's shape in one transaction, then
+  vacuumed, *before* the slot exists: a backfill reads the table, and its consumer must
+  not find the same rows in the WAL as well.
 
 Every statement changes exactly one row (mixed) or a known count (bulk, from the row
 count), so the number of changes a consumer must deliver is known without reading the WAL.
@@ -106,6 +109,12 @@ def prepare_database(admin_dsn: str, database: str, database_dsn: str, slots: li
         conn.execute(SCHEMA)
         conn.execute(MIXED_PROCEDURE)
         conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE benchmark_records").format(sql.Identifier(PUBLICATION)))
+    create_slots(database_dsn, slots)
+
+
+def create_slots(database_dsn: str, slots: list[str]) -> None:
+    """One pgoutput slot per name: each streams what is committed from now on."""
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
         for slot in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
 
@@ -160,17 +169,26 @@ def write_mixed(dsn: str, database: str, *, changes: int, clients: int, pad: int
     return _timed(dsn, database, write)
 
 
+def _insert(conn: psycopg.Connection[tuple[object, ...]], select: str, params: list[object]) -> int:
+    """The rows of ``select`` (id, then the four columns the workloads write; the two
+    timestamps keep their defaults) inserted in one statement; how many."""
+    return conn.execute(
+        "INSERT INTO benchmark_records (id, string_field, numeric_field, timestamp_field, json_field) " + select,
+        params,
+    ).rowcount
+
+
 def write_bulk(dsn: str, database: str, *, rows: int) -> Written:
     """``rows`` inserted in one transaction, then a tenth updated and a tenth deleted in one each."""
 
     def write() -> tuple[int, int]:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            inserted = conn.execute(
-                "INSERT INTO benchmark_records (id, string_field, numeric_field, timestamp_field, json_field) "
+            inserted = _insert(
+                conn,
                 "SELECT g, md5(g::text), g * 1.5, now(), jsonb_build_object('seq', g, 'tag', 'bench') "
                 "FROM generate_series(1, %s) g",
                 [rows],
-            ).rowcount
+            )
             updated = conn.execute(
                 "UPDATE benchmark_records SET numeric_field = numeric_field + 1, updated_at = now() WHERE id % 10 = 0"
             ).rowcount
@@ -178,3 +196,22 @@ def write_bulk(dsn: str, database: str, *, rows: int) -> Written:
         return inserted + updated + deleted, 3
 
     return _timed(dsn, database, write)
+
+
+def write_rows(dsn: str, database: str, *, rows: int, clients: int, pad: int) -> Written:
+    """``rows`` rows as the mixed workload inserts them (the same columns and values, in one
+    statement: a table to backfill, not a WAL to read), then ``VACUUM (FREEZE, ANALYZE)``:
+    whoever reads the table first would otherwise set every row's hint bits and pay for
+    it, and the planner and the backfill's progress want its row count."""
+
+    def write() -> tuple[int, int]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            select = ("SELECT g, rpad(md5(random()::text), %s, md5(g::text)), round((random() * 1e6)::numeric, 2), "
+                      "now(), jsonb_build_object('client', g %% %s, 'seq', g / %s, 'tag', 'bench') "
+                      "FROM generate_series(0, %s - 1) g")
+            return _insert(conn, select, [pad, clients, clients, rows]), 1
+
+    written = _timed(dsn, database, write)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM (FREEZE, ANALYZE) benchmark_records")
+    return written
