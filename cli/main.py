@@ -11,8 +11,11 @@ is refused with one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
+
+import psycopg
 
 from config import config_path, load_config
 from connectors.postgres.requests import BackfillRequestError, request_backfills
@@ -56,11 +59,16 @@ def backfill(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the pipeline's warnings (tables without a key, …) are its own
     try:
         if args.command == "backfill":
             print(backfill(args))
     except FatalError as exc:
         print(f"walflow: {exc}", file=sys.stderr)
+        return FATAL_EXIT
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"walflow: cannot reach the database: {first}", file=sys.stderr)
         return FATAL_EXIT
     return 0
 

@@ -14,7 +14,7 @@ import logging
 
 from config.schema import DatabaseConfig, SinkConfig
 from connectors.nats.sink import JetStreamSink
-from connectors.postgres.requests import publication_tables, request_backfills
+from connectors.postgres.requests import BackfillRequestError, keyless_refusal, publication_tables, request_backfills
 from connectors.postgres.signals import BackfillRequest
 from transforms.filter import SinkFilter
 
@@ -33,18 +33,31 @@ class InitialBackfills:
         pending = [s for s in self.sinks if not self.publishers[s.name].initial_backfill_requested()]
         if not pending:
             return
-        published = publication_tables(self.db)
+        published, keyless = publication_tables(self.db)
         for sink in pending:
-            requests = self._requests(sink, published)
+            requests = self._requests(sink, published, keyless)
             request_backfills(self.db, requests)
             self.publishers[sink.name].record_initial_backfill([r.id for r in requests])
             log.info("sink %s: initial backfill of %d table(s) requested: %s", sink.name, len(requests),
                      ", ".join(f"{r.table} ({r.id})" for r in requests) or "none")
 
     @staticmethod
-    def _requests(sink: SinkConfig, published: list[str]) -> list[BackfillRequest]:
+    def _requests(sink: SinkConfig, published: list[str], keyless: set[str]) -> list[BackfillRequest]:
+        """``true``: every table the sink reads, except those without a key (a warning each:
+        the pipeline still streams their changes); a list: as listed (a keyless one is refused)."""
         if sink.initial_backfill is True:
             receives = SinkFilter(sink).receives
-            return [BackfillRequest.new(sink.name, t) for t in published if receives(t.partition(".")[0], t)]
+            tables = [t for t in published if receives(t.partition(".")[0], t)]
+            for table in tables:
+                if table in keyless:
+                    log.warning("sink %s: initial backfill skips %s: %s", sink.name, table, keyless_refusal(table))
+            return [BackfillRequest.new(sink.name, t) for t in tables if t not in keyless]
         assert isinstance(sink.initial_backfill, list)
+        receives = SinkFilter(sink).receives
+        for entry in sink.initial_backfill:
+            if not receives(entry.table.partition(".")[0], entry.table):
+                raise BackfillRequestError(
+                    f"sink '{sink.name}': initial_backfill names {entry.table}, which the sink does not read "
+                    "(see its source: and table:); its changes would never follow its rows"
+                )
         return [BackfillRequest.new(sink.name, b.table, b.sort_column, b.start_position) for b in sink.initial_backfill]

@@ -243,6 +243,11 @@ class BackfillRunner:
             except psycopg.errors.UndefinedTable:
                 self._end_after_failure(job, f"table {request.table} was dropped")
                 return
+            except (psycopg.errors.DataError, psycopg.errors.SyntaxErrorOrAccessRuleViolation) as exc:
+                # the same SELECT fails the same way every time (a start position its column cannot
+                # hold, a column dropped, SELECT revoked): end it, so that a corrected request can run
+                self._end_after_failure(job, str(exc).strip().splitlines()[0])
+                return
             except psycopg.Error as exc:
                 self._forget_chunks(job)
                 log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
@@ -284,7 +289,7 @@ class BackfillRunner:
             with job.changed:
                 job.pending[number] = after
             signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last))
-            reader.adapt(len(chunk.rows), seconds, sum(chunk.sizes))
+            reader.adapt(len(chunk.rows), seconds, chunk.memory)
             self._report(job)
             if chunk.end is not None:
                 after = job.after = chunk.end
@@ -492,7 +497,6 @@ class Backfills:
 
     def _high(self, running: _Running, signal: signals.Signal, item: Signal, out: list[RawChange]) -> int:
         request = running.request
-        size = 0
         if signal.error:
             log.error("backfill %s of %s for sink %s stopped: %s", request.id, request.table, request.sink,
                       signal.error)
@@ -507,14 +511,13 @@ class Backfills:
             return 0
         emitted = 0
         changed = running.changed
-        read_of = ReadOf(request.sink, request.id, "")
-        for row, key, memory in zip(chunk.rows, chunk.keys, chunk.sizes, strict=True):
+        sink, backfill, table, lsn, ts = request.sink, request.id, chunk.table, item.commit_lsn, item.commit_ts
+        for row, key in zip(chunk.rows, chunk.keys, strict=True):
             if key in changed:
                 continue
             emitted += 1
-            size += memory
-            out.append(RawChange("read", chunk.table, row, None, False, item.commit_lsn, emitted, item.commit_ts, 0,
-                                 read_of._replace(row_key=key)))
+            out.append(RawChange("read", table, row, None, False, lsn, emitted, ts, 0, ReadOf(sink, backfill, key)))
+        size = emitted * chunk.row_memory
         self._close(running)
         if chunk.end is not None:
             running.after = chunk.end

@@ -33,12 +33,15 @@ from psycopg import sql
 from config.schema import BackfillSettings
 from connectors.postgres.decoder import change_memory
 from connectors.postgres.relations import Column, Relation
+from connectors.postgres.requests import keyless_refusal
 from connectors.postgres.signals import BackfillRequest, Cursor
 from connectors.postgres.types import Catalog
 from core.errors import WalflowError
 from core.events import RawRow, Table
 from core.ids import row_key
 
+#: Rows of a chunk whose size is measured for its memory estimate.
+_SAMPLE: Final = 64
 _TABLE_QUERY: Final = """
 SELECT c.oid, c.relreplident, c.relkind, greatest(c.reltuples, 0)::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -87,10 +90,15 @@ class Chunk:
     rows: list[RawRow]
     #: Per row, its key as :func:`core.ids.row_key` of the key columns' texts.
     keys: list[str]
-    #: Per row, its estimated memory until acknowledged (:func:`~connectors.postgres.decoder.change_memory`).
-    sizes: list[int]
+    #: A row's estimated memory until acknowledged (:func:`~connectors.postgres.decoder.change_memory`
+    #: of the chunk's average row, from a sample: one per row cost as much as reading the row).
+    row_memory: int
     #: Where the next chunk starts (the last row's pagination texts); None if no rows.
     end: Cursor | None
+
+    @property
+    def memory(self) -> int:
+        return self.row_memory * len(self.rows)
 
 
 class TableReader:
@@ -119,10 +127,7 @@ class TableReader:
         key = [n for (n,) in conn.execute(_KEY_QUERY, [relid, relid]).fetchall()]
         types = {n: typ for n, _, _, typ in columns}
         if not key:
-            raise BackfillRefused(
-                f"table {request.table} has no primary key (nor a replica identity index): walflow cannot tell "
-                "which change belongs to which row it read, so it does not backfill it. Add a primary key"
-            )
+            raise BackfillRefused(keyless_refusal(request.table))
         if any(k not in types for k in key):
             raise BackfillRefused(f"table {request.table}: its key ({', '.join(key)}) is not among its published columns")
         order = list(key)
@@ -181,15 +186,17 @@ class TableReader:
             assert result is not None
             ntuples, nfields = result.ntuples, result.nfields
             get = result.get_value
-            rows: list[RawRow] = [tuple([get(r, c) for c in range(nfields)]) for r in range(ntuples)]
+            columns = range(nfields)
+            rows: list[RawRow] = [tuple([get(r, c) for c in columns]) for r in range(ntuples)]
         key_at, width = self._key_at, len(self.table.columns)
         keys = [row_key([row[i] for i in key_at]) for row in rows]
-        sizes = [change_memory(sum([len(v) for v in row if type(v) is bytes]), width) for row in rows]
+        sample = rows[:: max(1, len(rows) // _SAMPLE)]
+        text_bytes = sum([len(v) for row in sample for v in row if type(v) is bytes]) // max(1, len(sample))
         end: Cursor | None = None
         if rows:
             end = [None if (v := rows[-1][i]) is None else bytes(v).decode("utf-8", "surrogateescape")  # type: ignore[arg-type]
                    for i in self._order_at]
-        return Chunk(self.table, rows, keys, sizes, end)
+        return Chunk(self.table, rows, keys, change_memory(text_bytes, width), end)
 
     def adapt(self, rows: int, seconds: float, memory: int) -> None:
         """Size the next chunk from how long this one took and how much memory it holds."""
