@@ -54,7 +54,7 @@ class FakeRunner:
 
 def chunk(*ids: int, end: Cursor | None = None) -> Chunk:
     rows: list[RawRow] = [(str(i).encode(), b"new") for i in ids]
-    return Chunk(TABLE, rows, [row_key([r[0]]) for r in rows], [100] * len(rows),
+    return Chunk(TABLE, rows, [row_key([r[0]]) for r in rows], 100,
                  end if end is not None else ([str(ids[-1])] if ids else None))
 
 
