@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
@@ -371,6 +372,26 @@ def _progress_text(p: dict[str, object]) -> str:
 
 
 @dataclass(slots=True)
+class Release:
+    """A chunk's reads, handed to Bytewax in slices at their high watermark (a slice per
+    ``next_batch``, so conversion and publishing overlap as for changes); ``done`` once
+    all are out. Until then the chunk counts as not emitted: a snapshot resumes before it."""
+
+    reads: list[RawChange]
+    row_memory: int
+    done: Callable[[], None]
+    _next: int = 0
+
+    def take(self, limit: int) -> list[RawChange]:
+        start, self._next = self._next, min(self._next + limit, len(self.reads))
+        return self.reads[start:self._next]
+
+    @property
+    def empty(self) -> bool:
+        return self._next >= len(self.reads)
+
+
+@dataclass(slots=True)
 class _Running:
     """One backfill on the partition's side."""
 
@@ -436,26 +457,26 @@ class Backfills:
                 if row is not None:
                     backfill.changed.add(row_key([row[i] for i in at]))
 
-    def on_signal(self, item: Signal, position: int, out: list[RawChange]) -> int:
-        """A backfill signal decoded at ``position`` (the last marker before it); reads it
-        releases are appended to ``out``. Returns their estimated memory."""
+    def on_signal(self, item: Signal, position: int) -> Release | None:
+        """A backfill signal decoded at ``position`` (the last marker before it); at a high
+        watermark, the chunk's reads to emit right here, before anything after it."""
         signal = signals.decode(item.content, self._slot)
         if signal is None:
-            return 0
+            return None
         request = signal.request
         running = self._running.get(request.id)
         own = signal.run == self._runner.run_id
         if running is None:
             if not own:  # a request, or an earlier run's watermark of a backfill this run has not seen yet
                 self._begin(signal, position)
-            return 0  # else: one that already ended in this run
+            return None  # else: one that already ended in this run
         if signal.kind == "low" and own:
             running.floor = position
             if signal.chunk is not None:
                 self._open(running, signal.chunk)
         elif signal.kind == "high" and own:
-            return self._high(running, signal, item, out)
-        return 0  # a request seen again, or another run's watermark: nothing new
+            return self._high(running, signal, item)
+        return None  # a request seen again, or another run's watermark: nothing new
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -495,40 +516,42 @@ class Backfills:
         else:
             self._windows.pop(table, None)
 
-    def _high(self, running: _Running, signal: signals.Signal, item: Signal, out: list[RawChange]) -> int:
+    def _high(self, running: _Running, signal: signals.Signal, item: Signal) -> Release | None:
         request = running.request
         if signal.error:
             log.error("backfill %s of %s for sink %s stopped: %s", request.id, request.table, request.sink,
                       signal.error)
             self._finish(running)
-            return 0
+            return None
         number = signal.chunk
         chunk = self._runner.take(request.id, number) if number is not None else None
         if chunk is None or number is None:
-            return 0  # its rows are gone (a retried chunk): the runner reads it again
+            return None  # its rows are gone (a retried chunk): the runner reads it again
         if running.window != number:  # not watched from its low watermark on: its rows cannot be trusted
             self._runner.emitted(request.id, number, 0, accepted=False)
-            return 0
-        emitted = 0
+            return None
         changed = running.changed
         sink, backfill, table, lsn, ts = request.sink, request.id, chunk.table, item.commit_lsn, item.commit_ts
-        for row, key in zip(chunk.rows, chunk.keys, strict=True):
-            if key in changed:
-                continue
-            emitted += 1
-            out.append(RawChange("read", table, row, None, False, lsn, emitted, ts, 0, ReadOf(sink, backfill, key)))
-        size = emitted * chunk.row_memory
-        self._close(running)
-        if chunk.end is not None:
-            running.after = chunk.end
-        running.rows += emitted
-        if signal.last:
-            log.info("backfill %s of %s for sink %s: done, %s row(s)", request.id, request.table, request.sink,
-                     f"{running.rows:,}")
-            self._finish(running)
-        else:
-            self._runner.emitted(request.id, number, emitted)
-        return size
+        reads = [
+            RawChange("read", table, row, None, False, lsn, idx, ts, 0, ReadOf(sink, backfill, key))
+            for idx, (row, key) in enumerate(
+                ((row, key) for row, key in zip(chunk.rows, chunk.keys, strict=True) if key not in changed), 1)
+        ]
+        self._close(running)  # changes after the high watermark follow the reads in the stream
+
+        def emitted() -> None:
+            """All of the chunk's reads are out: a resume starts after it."""
+            if chunk.end is not None:
+                running.after = chunk.end
+            running.rows += len(reads)
+            if signal.last:
+                log.info("backfill %s of %s for sink %s: done, %s row(s)", request.id, request.table, request.sink,
+                         f"{running.rows:,}")
+                self._finish(running)
+            else:
+                self._runner.emitted(request.id, number, len(reads))
+
+        return Release(reads, chunk.row_memory, emitted)
 
     def _finish(self, running: _Running) -> None:
         self._close(running)

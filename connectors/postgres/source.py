@@ -22,8 +22,8 @@ from typing import TypedDict
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings
-from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillState
-from connectors.postgres.decoder import ResumePoint, Signal
+from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillState, Release
+from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
 from core.events import RawChange
@@ -62,6 +62,9 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
     ) -> None:
         self._reader = reader
         self._backfills = backfills
+        #: A chunk's reads still to emit, and the items taken after its high watermark.
+        self._release: Release | None = None
+        self._held: list[Item] = []
         self._runtime = runtime
         self._confirm_after = confirm_after
         self._batch_size = batch_size
@@ -98,17 +101,31 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             # workers: hold back until the epoch closes (the reader keeps Postgres alive).
             self._idle = True
             return out
-        items, size = self._reader.buffer.take(self._batch_size, finish_within=10 * self._batch_size)
-        self._epoch_bytes += size
+        if (release := self._release) is not None:  # a chunk's reads, before anything after its watermark
+            out = release.take(self._batch_size)
+            self._epoch_bytes += release.row_memory * len(out)
+            if release.empty:
+                self._release = None
+                release.done()
+            self._dirty, self._settled, self._idle = True, False, False
+            return out
+        if self._held:
+            items, self._held = self._held, []
+        else:
+            items, size = self._reader.buffer.take(self._batch_size, finish_within=10 * self._batch_size)
+            self._epoch_bytes += size
         backfills = self._backfills
-        for item in items:
+        for i, item in enumerate(items):
             if type(item) is int:
                 self._lsn = max(self._lsn, item)
                 if self._commit_lsn is not None and item > self._commit_lsn:
                     self._commit_lsn, self._commit_idx = None, -1  # that transaction is complete
             elif type(item) is Signal:
                 # a backfill's watermark: at a high one, the chunk's reads enter the stream here
-                self._epoch_bytes += backfills.on_signal(item, self._lsn, out)
+                release = backfills.on_signal(item, self._lsn)
+                if release is not None:
+                    self._release, self._held = release, items[i + 1 :]
+                    break
             else:
                 assert isinstance(item, RawChange)
                 if backfills.watching:

@@ -73,6 +73,19 @@ def change(action: str, id_: str, **kw: Any) -> RawChange:
     return raw_change(action, new=row, **kw)  # type: ignore[arg-type]
 
 
+def feed(backfills: Backfills, item: Signal, position: int, out: list[RawChange]) -> int:
+    """What the partition does with a signal: every read it releases, then ``done``; their memory."""
+    release = backfills.on_signal(item, position)
+    if release is None:
+        return 0
+    reads = release.take(1)  # in slices, as next_batch takes them
+    while not release.empty:
+        reads += release.take(1)
+    out += reads
+    release.done()
+    return release.row_memory * len(reads)
+
+
 def make(runner: FakeRunner, resume: list[BackfillState] | None = None) -> Backfills:
     return Backfills(SLOT, frozenset({"app-to-nats"}), runner, resume, resume_lsn=50)  # type: ignore[arg-type]
 
@@ -81,15 +94,15 @@ def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_wind
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("request", run=None), 100, out)
+    feed(backfills, signal("request", run=None), 100, out)
     assert runner.started == [("b1", None, 0)] and backfills.floor == 100
-    backfills.on_signal(signal("low", number=0), 200, out)
+    feed(backfills, signal("low", number=0), 200, out)
     assert backfills.watching and backfills.floor == 200
     backfills.observe(change("update", "2"))
     backfills.observe(change("delete", "3"))
     backfills.observe(change("insert", "9", table="customers"))  # another table: no effect
     runner.chunks[("b1", 0)] = chunk(1, 2, 3, 4)
-    size = backfills.on_signal(signal("high", number=0, lsn=5000), 300, out)
+    size = feed(backfills, signal("high", number=0, lsn=5000), 300, out)
     assert [(c.action, c.new, c.commit_lsn, c.commit_idx) for c in out] == [
         ("read", (b"1", b"new"), 5000, 1), ("read", (b"4", b"new"), 5000, 2)]
     assert [c.read for c in out] == [("app-to-nats", "b1", '["1"]'), ("app-to-nats", "b1", '["4"]')]
@@ -104,14 +117,14 @@ def test_the_last_chunk_ends_the_backfill_and_lifts_the_floor() -> None:
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("request", run=None), 100, out)
-    backfills.on_signal(signal("low", number=7), 200, out)
+    feed(backfills, signal("request", run=None), 100, out)
+    feed(backfills, signal("low", number=7), 200, out)
     runner.chunks[("b1", 7)] = chunk(1)
-    backfills.on_signal(signal("high", number=7, last=True), 300, out)
+    feed(backfills, signal("high", number=7, last=True), 300, out)
     assert len(out) == 1 and backfills.floor is None and backfills.snapshot() == []
     assert runner.finished_calls == ["b1"] and runner.emitted_calls == []
     # this run's signals of a backfill that ended are not a new backfill
-    backfills.on_signal(signal("low", number=8), 400, out)
+    feed(backfills, signal("low", number=8), 400, out)
     assert runner.started == [("b1", None, 0)] and backfills.floor is None
 
 
@@ -119,11 +132,11 @@ def test_an_earlier_runs_watermark_resumes_the_backfill_from_its_start_position(
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("low", run="dead-run", number=3, after=["500"], rows=500), 100, out)
+    feed(backfills, signal("low", run="dead-run", number=3, after=["500"], rows=500), 100, out)
     assert runner.started == [("b1", ["500"], 500)] and backfills.floor == 100
     # its later watermarks are history: no window, no rows, no new start
-    backfills.on_signal(signal("high", run="dead-run", number=3, after=["500"]), 150, out)
-    backfills.on_signal(signal("low", run="dead-run", number=4, after=["600"]), 160, out)
+    feed(backfills, signal("high", run="dead-run", number=3, after=["500"]), 150, out)
+    feed(backfills, signal("low", run="dead-run", number=4, after=["600"]), 160, out)
     assert out == [] and not backfills.watching and runner.started == [("b1", ["500"], 500)]
     assert backfills.floor == 100
 
@@ -135,7 +148,7 @@ def test_a_snapshot_resumes_where_it_stood_and_ignores_the_replayed_watermarks()
     backfills = make(runner, [state])
     assert runner.started == [("b1", ["42"], 42)] and backfills.floor == 50
     out: list[RawChange] = []
-    backfills.on_signal(signal("low", run="dead-run", number=9, after=["90"]), 100, out)
+    feed(backfills, signal("low", run="dead-run", number=9, after=["90"]), 100, out)
     assert backfills.floor == 50 and runner.started == [("b1", ["42"], 42)]
 
 
@@ -143,10 +156,10 @@ def test_a_high_watermark_of_a_window_it_did_not_watch_drops_the_chunk_and_asks_
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("request", run=None), 100, out)
-    backfills.on_signal(signal("low", number=1), 200, out)
+    feed(backfills, signal("request", run=None), 100, out)
+    feed(backfills, signal("low", number=1), 200, out)
     runner.chunks[("b1", 0)] = chunk(1)
-    backfills.on_signal(signal("high", number=0), 300, out)
+    feed(backfills, signal("high", number=0), 300, out)
     assert out == [] and runner.emitted_calls == [("b1", 0, 0, False)]
 
 
@@ -154,12 +167,12 @@ def test_ignored_signals() -> None:
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("request", run=None, slot="someone_else"), 100, out)
-    backfills.on_signal(Signal(100, TS, b"not json"), 100, out)
-    backfills.on_signal(signal("request", run=None, request=BackfillRequest("b2", "unknown-sink", "public.x")), 100, out)
+    feed(backfills, signal("request", run=None, slot="someone_else"), 100, out)
+    feed(backfills, Signal(100, TS, b"not json"), 100, out)
+    feed(backfills, signal("request", run=None, request=BackfillRequest("b2", "unknown-sink", "public.x")), 100, out)
     assert runner.started == []
-    backfills.on_signal(signal("request", run=None), 100, out)
-    backfills.on_signal(signal("request", run=None, request=BackfillRequest("b3", "app-to-nats", "public.orders")),
+    feed(backfills, signal("request", run=None), 100, out)
+    feed(backfills, signal("request", run=None, request=BackfillRequest("b3", "app-to-nats", "public.orders")),
                         110, out)
     assert runner.started == [("b1", None, 0)], "a second backfill of the same table and sink while one runs"
 
@@ -168,6 +181,21 @@ def test_an_error_ends_the_backfill_without_rows() -> None:
     runner = FakeRunner()
     backfills = make(runner)
     out: list[RawChange] = []
-    backfills.on_signal(signal("request", run=None), 100, out)
-    backfills.on_signal(signal("high", last=True, error="table public.orders was dropped"), 200, out)
+    feed(backfills, signal("request", run=None), 100, out)
+    feed(backfills, signal("high", last=True, error="table public.orders was dropped"), 200, out)
     assert out == [] and runner.finished_calls == ["b1"] and backfills.floor is None
+
+
+def test_a_chunk_counts_as_emitted_only_once_all_its_reads_are_out() -> None:
+    runner = FakeRunner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    feed(backfills, signal("request", run=None), 100, out)
+    feed(backfills, signal("low", number=0), 200, out)
+    runner.chunks[("b1", 0)] = chunk(1, 2, 3)
+    release = backfills.on_signal(signal("high", number=0), 300)
+    assert release is not None and len(release.take(2)) == 2 and not release.empty
+    assert backfills.snapshot()[0]["after"] is None and runner.emitted_calls == []  # a resume reads it again
+    assert len(release.take(2)) == 1 and release.empty
+    release.done()
+    assert backfills.snapshot()[0]["after"] == ["3"] and runner.emitted_calls == [("b1", 0, 3, True)]
