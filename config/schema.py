@@ -351,7 +351,7 @@ class BackfillSettings(Section):
     initial_chunk_rows: int = Field(default=2_000, ge=1)
     max_chunk_rows: int = Field(default=50_000, ge=1)
     #: The most a chunk may hold in memory (estimated like changes); the chunk shrinks to fit.
-    max_chunk_mb: int = Field(default=32, ge=1)
+    max_chunk_mb: int = Field(default=16, ge=1)
 
 
 class HealthSettings(Section):

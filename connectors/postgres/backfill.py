@@ -422,6 +422,10 @@ class Backfills:
         self._positions: dict[tuple[int, tuple[str, ...]], tuple[Table, tuple[int, ...]]] = {}
         for state in resume or []:
             request = BackfillRequest(**state["request"])  # type: ignore[arg-type]
+            if request.sink not in sinks:
+                log.warning("backfill %s of %s is for sink %s, which this pipeline no longer runs: dropped",
+                            request.id, request.table, request.sink)
+                continue
             self._running[request.id] = _Running(request, state["after"], state["rows"], resume_lsn)
             runner.start(request, state["after"], state["rows"])
 

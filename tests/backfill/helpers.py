@@ -130,3 +130,20 @@ def read_stream(url: str, stream: str) -> list[Stored]:
             await nc.close()
 
     return asyncio.run(read())
+
+
+def stored_count(url: str, stream: str) -> int:
+    """Messages in ``stream`` now (0 if it does not exist yet)."""
+    return sum(subject_counts(url, stream).values())
+
+
+def replay(events: list[Stored], key: str = "id") -> dict[Any, dict[str, Any]]:
+    """The table a consumer that applies every event in stream order ends with, by ``key``."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        record = e.event["record"]
+        if e.event["action"] == "delete":
+            rows.pop(record[key], None)
+        else:
+            rows[record[key]] = record
+    return rows

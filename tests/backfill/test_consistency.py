@@ -22,7 +22,7 @@ import pytest
 
 from embedded import wait_for
 from embedded._process import ServerProcess
-from tests.backfill.stream import count, read_all, replay
+from tests.backfill.helpers import read_stream, replay, stored_count
 from tests.harness import Database, Nats, TestNames, slot_confirmed
 from tests.pipeline import assert_running, pipeline, write_config
 
@@ -109,7 +109,7 @@ def _settle(db: Database, proc: ServerProcess) -> None:
 
 
 def _assert_exact(db: Database, nats_srv: Nats, names: TestNames) -> list[Any]:
-    events = read_all(nats_srv.url, names.stream)
+    events = read_stream(nats_srv.url, names.stream)
     ids = [e.msg_id for e in events]
     assert len(ids) == len(set(ids)), "a message was published twice"
     got, want = replay(events), _table(db)
@@ -150,7 +150,7 @@ def _killed_mid_backfill(config: Path, db: Database, nats_srv: Nats, names: Test
                          *args: str) -> Iterator[ServerProcess]:
     """A pipeline killed with SIGKILL once a third of the rows are in the stream."""
     with pipeline(config, *args) as proc:
-        wait_for(lambda: count(nats_srv.url, names.stream) > ROWS // 3, timeout=120, interval=0.05,
+        wait_for(lambda: stored_count(nats_srv.url, names.stream) > ROWS // 3, timeout=120, interval=0.05,
                  what="a third of the reads", check=lambda: assert_running(proc))
         proc.stop(signal.SIGKILL)
         yield proc

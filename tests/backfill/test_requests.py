@@ -489,13 +489,18 @@ def test_initial_backfill_of_a_table_the_sink_does_not_read_is_refused(
 # -- 8. initial_backfill once ---------------------------------------------------------------
 
 
-def test_initial_backfill_is_not_repeated_on_the_next_start(
-    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
-) -> None:
+def _hundred_rows(database: Database, names: TestNames, nats_srv: Nats, tmp_path: Path) -> Path:
+    """Table t with 100 rows and a sink that backfills it first: the config."""
     with database.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, name text)")
         conn.execute("INSERT INTO t SELECT g, 'item ' || g FROM generate_series(1, 100) g")
-    config = write_config(tmp_path, database, nats_srv, names, [sink(names, initial_backfill=True)])
+    return write_config(tmp_path, database, nats_srv, names, [sink(names, initial_backfill=True)])
+
+
+def test_initial_backfill_is_not_repeated_on_the_next_start(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = _hundred_rows(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as first:
         _done(first)
         _settled(database, first)
@@ -516,10 +521,7 @@ def test_initial_backfill_is_not_repeated_on_the_next_start(
 def test_a_restart_right_after_a_backfill_keeps_every_row_read_once(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    with database.connect() as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, name text)")
-        conn.execute("INSERT INTO t SELECT g, 'item ' || g FROM generate_series(1, 100) g")
-    config = write_config(tmp_path, database, nats_srv, names, [sink(names, initial_backfill=True)])
+    config = _hundred_rows(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as first:
         _done(first)  # and stopped at once: the slot may still be short of the backfill's end
     with database.connect() as conn:
