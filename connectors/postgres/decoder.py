@@ -261,8 +261,11 @@ class Decoder:
         self._txn_lsn = commit_lsn
         try:
             self._txn_ts = self._commit_time(data[_BEGIN_COMMIT_TS])  # type: ignore[arg-type]  # any buffer will do
-        except psycopg.DataError:  # beyond what a datetime holds
-            self._txn_ts = pg_timestamp(commit_ts)
+        except psycopg.DataError:  # beyond what a datetime holds: the exact way, or refuse
+            try:
+                self._txn_ts = pg_timestamp(commit_ts)
+            except OverflowError:
+                raise DecodeError(f"commit timestamp {commit_ts} of transaction {xid} is out of range") from None
         self._txn_xid = xid
         self._txn_idx = 0
         self._txn_emitted = -1 if commit_lsn > self._resume_lsn else self.resume.emitted_up_to(commit_lsn)

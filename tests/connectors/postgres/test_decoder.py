@@ -413,7 +413,8 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
                 assert txn is not None
             else:
                 raise TypeError(f"not asked for: {msg}")
-    except (ref.DecodeError, ValueError, TypeError, KeyError, AssertionError, IndexError, struct.error, UnicodeDecodeError):
+    except (ref.DecodeError, ValueError, TypeError, KeyError, AssertionError, IndexError, struct.error, UnicodeDecodeError,
+            OverflowError):  # OverflowError: a commit time no datetime holds
         return "refused"
     return out, size
 
