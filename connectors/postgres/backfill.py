@@ -52,7 +52,7 @@ from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor
-from core.events import RawChange, ReadOf, Table
+from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
 
 log = logging.getLogger("walflow.backfill")
@@ -78,6 +78,15 @@ class BackfillState(TypedDict):
 
 
 @dataclass(slots=True)
+class _Pending:
+    """A chunk handed over: where it starts, and whether the partition took its rows (then
+    it will emit all of them: a reconnect must not read it again)."""
+
+    start: Cursor | None
+    taken: bool = False
+
+
+@dataclass(slots=True)
 class _Job:
     """One backfill on the runner's side."""
 
@@ -89,8 +98,10 @@ class _Job:
     #: The columns that identify a row (known once the table is described).
     key_columns: tuple[str, ...] | None = None
     #: Chunks handed over whose high watermark the partition has not reached yet, by
-    #: number, with the position each starts after; ``changed`` is notified as they go.
-    pending: dict[int, Cursor | None] = field(default_factory=dict)
+    #: number; ``changed`` is notified as they go.
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    #: The chunk size reached so far: kept across reconnects.
+    limit: int | None = None
     changed: threading.Condition = field(default_factory=threading.Condition)
     #: A chunk the partition dropped: where to read again from (``_NO_REWIND``: none).
     rewind: Cursor | None | object = _NO_REWIND
@@ -131,9 +142,16 @@ class BackfillRunner:
                 self._checkpoints.start()
 
     def take(self, backfill: str, chunk: int) -> Chunk | None:
-        """The rows of this run's chunk ``chunk`` of ``backfill``, at its high watermark."""
+        """The rows of this run's chunk ``chunk`` of ``backfill``, at its high watermark: the
+        partition emits every one of them."""
         with self._lock:
-            return self._ready.pop((backfill, chunk), None)
+            found = self._ready.pop((backfill, chunk), None)
+            job = self._jobs.get(backfill)
+        if found is not None and job is not None:
+            with job.changed:
+                if (pending := job.pending.get(chunk)) is not None:
+                    pending.taken = True
+        return found
 
     def key_columns(self, backfill: str) -> tuple[str, ...] | None:
         with self._lock:
@@ -148,12 +166,12 @@ class BackfillRunner:
         if job is None:
             return
         with job.changed:
-            start = job.pending.pop(chunk, _NO_REWIND)
-            if start is _NO_REWIND:
+            pending = job.pending.pop(chunk, None)
+            if pending is None:
                 return  # forgotten: the runner reads it again anyway
             job.rows += rows
             if not accepted and job.rewind is _NO_REWIND:
-                job.rewind = start
+                job.rewind = pending.start
             job.changed.notify_all()
 
     def finished(self, backfill: str) -> None:
@@ -233,7 +251,7 @@ class BackfillRunner:
             try:
                 with self._connect("backfill") as conn:
                     try:
-                        reader = TableReader(conn, self.db.publication.name, request, self.settings)
+                        reader = TableReader(conn, self.db.publication.name, request, self.settings, job.limit)
                     except BackfillRefused as exc:
                         self._end(conn, job, str(exc))
                         return
@@ -255,6 +273,11 @@ class BackfillRunner:
                             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
+            except Exception as exc:
+                # a thread that died silently would hold the slot's floor for ever
+                log.exception("backfill %s of %s failed", request.id, request.table)
+                self._end_after_failure(job, f"walflow failed: {type(exc).__name__}: {exc}")
+                return
 
     def _chunks(self, conn: psycopg.Connection[Any], job: _Job, reader: TableReader) -> bool:
         """Chunks until the table's last is emitted; True when done, False to stop.
@@ -279,7 +302,13 @@ class BackfillRunner:
             try:
                 chunk = reader.read(after)
             except psycopg.errors.QueryCanceled:
+                if reader.limit == 1:  # it will never get faster
+                    self._end(conn, job, f"a chunk of one row ran past the statement timeout "
+                              f"({_TIMEOUT_FACTOR * self.settings.query_budget_ms} ms): index the table's "
+                              f"{job.request.sort_column or 'key'} column, or raise walflow.backfill.query_budget_ms")
+                    return False
                 reader.shrink()
+                job.limit = reader.limit
                 log.info("backfill %s of %s: a chunk ran past the statement timeout; reading %d rows at a time",
                          job.request.id, job.request.table, reader.limit)
                 continue
@@ -288,9 +317,10 @@ class BackfillRunner:
             with self._lock:
                 self._ready[(job.request.id, number)] = chunk
             with job.changed:
-                job.pending[number] = after
+                job.pending[number] = _Pending(after)
             signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last))
             reader.adapt(len(chunk.rows), seconds, chunk.memory)
+            job.limit = reader.limit
             self._report(job)
             if chunk.end is not None:
                 after = job.after = chunk.end
@@ -319,10 +349,14 @@ class BackfillRunner:
 
     def _forget_chunks(self, job: _Job, start: Cursor | None | object = _NO_REWIND) -> None:
         """Chunks whose high watermark may never come, or that follow a dropped one: the
-        next attempt reads again from ``start``, else from where the oldest of them began."""
+        next attempt reads again from ``start``, else from where the oldest of them not taken
+        by the partition began (a taken one is emitted whole: reading it again after a long
+        outage would publish it twice, past the duplicate window)."""
         with job.changed:
-            if start is _NO_REWIND and job.pending:
-                start = job.pending[min(job.pending)]
+            if start is _NO_REWIND:
+                not_taken = [n for n, p in job.pending.items() if not p.taken]
+                if not_taken:
+                    start = job.pending[min(not_taken)].start
             if start is not _NO_REWIND:
                 job.after = start  # type: ignore[assignment]
             job.pending.clear()
@@ -336,15 +370,15 @@ class BackfillRunner:
         """Backfills waiting their turn write a checkpoint now and then, so the slot moves on."""
         conn: psycopg.Connection[Any] | None = None
         while not self._stopping.wait(_CHECKPOINT_EVERY):
-            with self._lock:
-                waiting = [self._jobs[b] for b in self._queue if b in self._jobs]
+            with self._lock:  # what each says is taken now: a job that starts meanwhile only moves on from it
+                waiting = [(self._jobs[b], self._jobs[b].after) for b in self._queue if b in self._jobs]
             if not waiting:
                 continue
             try:
                 if conn is None or conn.closed:
                     conn = self._connect("backfill-queue")
-                for job in waiting:
-                    signals.emit(conn, self._signal("low", job, after=job.after))
+                for job, after in waiting:
+                    signals.emit(conn, self._signal("low", job, after=after))
             except psycopg.Error as exc:
                 log.warning("backfill checkpoint not written: %s", str(exc).strip())
                 conn = None
@@ -405,6 +439,12 @@ class _Running:
     window: int | None = None
     changed: set[str] = field(default_factory=set)
     key_columns: tuple[str, ...] | None = None
+    #: Something in the window that no key can name (a truncate, a key column without a
+    #: value): the chunk is read again rather than trusted.
+    doubt: bool = False
+    #: A chunk was dropped: later ones are dropped too until the runner starts again from
+    #: ``after`` (a chunk read ahead must not move ``after`` past the dropped one).
+    rewinding: bool = False
 
 
 class Backfills:
@@ -453,13 +493,22 @@ class Backfills:
         if running is None:
             return
         for backfill in running:
+            if change.action == "truncate":
+                backfill.doubt = True
+                continue
             assert backfill.key_columns is not None
             at = self._key_positions(change.table, backfill.key_columns)
             if at is None:
+                backfill.doubt = True
                 continue
-            for row in (change.new, change.old):  # both, for an update that changed the key
+            # both rows, for an update that changed the key
+            for row, other in ((change.new, change.old), (change.old, change.new)):
                 if row is not None:
-                    backfill.changed.add(row_key([row[i] for i in at]))
+                    key = _key(row, other, at)
+                    if key is None:
+                        backfill.doubt = True
+                    else:
+                        backfill.changed.add(key)
 
     def on_signal(self, item: Signal, position: int) -> Release | None:
         """A backfill signal decoded at ``position`` (the last marker before it); at a high
@@ -477,6 +526,8 @@ class Backfills:
         if signal.kind == "low" and own:
             running.floor = position
             if signal.chunk is not None:
+                if running.rewinding and signal.after == running.after:
+                    running.rewinding = False  # the runner starts again where the stream stands
                 self._open(running, signal.chunk)
         elif signal.kind == "high" and own:
             return self._high(running, signal, item)
@@ -490,11 +541,6 @@ class Backfills:
             log.warning("backfill %s asks for sink %s, which this pipeline does not run: ignored",
                         request.id, request.sink)
             return
-        for other in self._running.values():
-            if other.request.sink == request.sink and other.request.table == request.table:
-                log.warning("backfill %s of %s for sink %s ignored: backfill %s of that table is still running and "
-                            "will deliver every row", request.id, request.table, request.sink, other.request.id)
-                return
         if signal.kind == "high" and signal.last and signal.error:
             return  # another run's backfill that ended unfinished
         if signal.kind != "request":
@@ -506,7 +552,7 @@ class Backfills:
     def _open(self, running: _Running, chunk: int) -> None:
         self._close(running)
         running.key_columns = self._runner.key_columns(running.request.id)
-        running.window, running.changed = chunk, set()
+        running.window, running.changed, running.doubt = chunk, set(), False
         self._windows.setdefault(running.request.table, []).append(running)
 
     def _close(self, running: _Running) -> None:
@@ -528,20 +574,26 @@ class Backfills:
             self._finish(running)
             return None
         number = signal.chunk
-        chunk = self._runner.take(request.id, number) if number is not None else None
-        if chunk is None or number is None:
-            return None  # its rows are gone (a retried chunk): the runner reads it again
-        if running.window != number:  # not watched from its low watermark on: its rows cannot be trusted
+        watched, doubt, changed = running.window == number, running.doubt, running.changed
+        self._close(running)  # changes after the high watermark follow the reads in the stream
+        if number is None:
+            return None
+        if not watched or doubt or running.rewinding:
+            # not watched from its low watermark on, or a change no key names: its rows cannot be trusted
+            running.rewinding = True
+            log.info("backfill %s of %s: chunk %d is read again (%s)", request.id, request.table, number,
+                     "a truncate or an unkeyed change in its window" if doubt else "its window was not watched")
             self._runner.emitted(request.id, number, 0, accepted=False)
             return None
-        changed = running.changed
+        chunk = self._runner.take(request.id, number)
+        if chunk is None:
+            return None  # its rows are gone (a retried chunk): the runner reads it again
         sink, backfill, table, lsn, ts = request.sink, request.id, chunk.table, item.commit_lsn, item.commit_ts
         reads = [
             RawChange("read", table, row, None, False, lsn, idx, ts, 0, ReadOf(sink, backfill, key))
             for idx, (row, key) in enumerate(
                 ((row, key) for row, key in zip(chunk.rows, chunk.keys, strict=True) if key not in changed), 1)
         ]
-        self._close(running)  # changes after the high watermark follow the reads in the stream
 
         def emitted() -> None:
             """All of the chunk's reads are out: a resume starts after it."""
@@ -570,6 +622,20 @@ class Backfills:
             cached = (table, at)
             self._positions[(id(table), columns)] = cached
         return cached[1] or None
+
+
+def _key(row: RawRow, other: RawRow | None, at: tuple[int, ...]) -> str | None:
+    """The row's key (:func:`core.ids.row_key` of its key columns' texts); an untouched TOASTed
+    key value is taken from the other row when it has it. None: the key is not known."""
+    values: list[RawValue] = []
+    for i in at:
+        value = row[i]
+        if value is UNCHANGED_TOAST:
+            value = UNCHANGED_TOAST if other is None else other[i]
+            if value is UNCHANGED_TOAST:
+                return None
+        values.append(value)
+    return row_key(values)
 
 
 def _request_data(request: BackfillRequest) -> dict[str, str | None]:

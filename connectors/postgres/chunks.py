@@ -43,7 +43,8 @@ from core.ids import row_key
 #: Rows of a chunk whose size is measured for its memory estimate.
 _SAMPLE: Final = 64
 _TABLE_QUERY: Final = """
-SELECT c.oid, c.relreplident, c.relkind, greatest(c.reltuples, 0)::bigint
+SELECT c.oid, c.relreplident, c.relkind, greatest(c.reltuples, 0)::bigint,
+       pg_table_size(c.oid) / greatest(c.reltuples, 1)::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
@@ -55,26 +56,24 @@ FROM pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
 """
-#: The primary key's columns, else the replica identity index's, in index order.
+#: The key columns (not INCLUDE columns) of the primary key, else of the replica identity
+#: index, in index order: what pagination orders by.
 _KEY_QUERY: Final = """
 SELECT a.attname
-FROM (SELECT i.indkey FROM pg_index i WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+FROM (SELECT i.indkey, i.indnkeyatts FROM pg_index i WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
       ORDER BY i.indisprimary DESC LIMIT 1) i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = %s AND a.attnum = k.attnum
+WHERE k.ord <= i.indnkeyatts
 ORDER BY k.ord
 """
-_IDENTITY_INDEX_QUERY: Final = """
+#: The key columns of the replica identity index (``i``) or the primary key (``d``): what
+#: pgoutput flags, and what a key-only old row holds.
+_IDENTITY_QUERY: Final = """
 SELECT a.attname
-FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) AS k(attnum)
+FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indisreplident
-"""
-_PRIMARY_QUERY: Final = """
-SELECT a.attname
-FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) AS k(attnum)
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indisprimary
+WHERE i.indrelid = %s AND k.ord <= i.indnkeyatts AND (CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END)
 """
 
 
@@ -105,8 +104,15 @@ class TableReader:
     """Reads ``request``'s table in chunks on ``conn`` (autocommit, the pinned settings)."""
 
     def __init__(
-        self, conn: psycopg.Connection[Any], publication: str, request: BackfillRequest, settings: BackfillSettings
+        self,
+        conn: psycopg.Connection[Any],
+        publication: str,
+        request: BackfillRequest,
+        settings: BackfillSettings,
+        limit: int | None = None,
     ) -> None:
+        """``limit``: the chunk size an earlier connection reached (else one sized from the
+        table's average row on disk, within ``initial_chunk_rows`` and ``max_chunk_mb``)."""
         self._conn = conn
         self.request = request
         self._settings = settings
@@ -114,7 +120,7 @@ class TableReader:
         found = conn.execute(_TABLE_QUERY, [schema, name]).fetchone()
         if found is None:
             raise BackfillRefused(f"table {request.table} does not exist")
-        relid, identity, relkind, estimate = found
+        relid, identity, relkind, estimate, row_bytes = found
         published = conn.execute(_PUBLISHED_QUERY, [publication, schema, name]).fetchone()
         if published is None:
             raise BackfillRefused(
@@ -141,9 +147,16 @@ class TableReader:
         self.table: Table = Catalog(conn).describe(relation)
         self.estimate = int(estimate)
         positions = self.table.positions
-        #: The columns that identify a row: what a chunk's window matches changes by.
-        self.key_columns = tuple(key)
-        self._key_at = [positions[k] for k in key]
+        #: The columns that identify a row to the stream (the group key's: the replica
+        #: identity's, or the primary key under FULL): every change carries them, a delete's
+        #: key-only old row too, so a chunk's window matches changes by these.
+        self.key_columns = self.table.key_columns
+        if not self.key_columns:
+            raise BackfillRefused(
+                f"table {request.table} has REPLICA IDENTITY NOTHING: its updates and deletes carry no key, so its "
+                "rows could not be matched with them. Set REPLICA IDENTITY DEFAULT (the primary key)"
+            )
+        self._key_at = [positions[k] for k in self.key_columns]
         self._order_at = [positions[c] for c in order]
         relation_sql = sql.SQL("{}{}.{}").format(
             sql.SQL("" if relkind == "p" else "ONLY "), sql.Identifier(schema), sql.Identifier(name)
@@ -162,7 +175,8 @@ class TableReader:
             start = sql.SQL(" WHERE {} >= %s::{}").format(sql.Identifier(request.sort_column), sql.SQL(types[request.sort_column]))
             self._first = select + start + tail
         self._next = select + sql.SQL(" WHERE ") + after + tail
-        self.limit = settings.initial_chunk_rows
+        first = int(settings.max_chunk_mb * 1024 * 1024 // change_memory(int(row_bytes or 0), len(columns)))
+        self.limit = limit or max(1, min(settings.initial_chunk_rows, first))
 
     def _identity(self, relid: int, identity: str, columns: list[str]) -> set[str]:
         """Which columns pgoutput flags as the replica identity (what a key-only old row holds)."""
@@ -170,8 +184,7 @@ class TableReader:
             return set(columns)
         if identity == "n":
             return set()
-        query = _PRIMARY_QUERY if identity == "d" else _IDENTITY_INDEX_QUERY
-        return {n for (n,) in self._conn.execute(query, [relid]).fetchall()}
+        return {n for (n,) in self._conn.execute(_IDENTITY_QUERY, [relid, identity]).fetchall()}
 
     def read(self, after: Cursor | None) -> Chunk:
         """The next ``limit`` rows after ``after`` (None: from the start)."""

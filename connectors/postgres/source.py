@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import TypedDict
@@ -65,6 +66,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         #: A chunk's reads still to emit, and the items taken after its high watermark.
         self._release: Release | None = None
         self._held: list[Item] = []
+        #: Positions of epoch ends not yet confirmable because a backfill's floor is below them.
+        self._epoch_ends: deque[int] = deque([reader.resume.lsn])
         self._runtime = runtime
         self._confirm_after = confirm_after
         self._batch_size = batch_size
@@ -153,6 +156,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             # Only epochs that end between transactions are confirmed: then every change in
             # JetStream at or after the confirmed LSN came from a later epoch, which is what
             # the sink's startup check for already-published changes relies on.
+            self._epoch_ends.append(self._lsn)
             self._unconfirmed = self._confirmable(self._lsn)
         self._dirty = False
         return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx,
@@ -164,9 +168,18 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._reader.stop()
 
     def _confirmable(self, lsn: int) -> int:
-        """``lsn``, or less while a backfill runs: the slot keeps its newest signal (backfill.py)."""
+        """``lsn``, or less while a backfill runs: the slot keeps its newest signal (backfill.py).
+        Then the latest epoch end at or before that signal, never a position inside an epoch
+        (which the sinks' startup scan relies on, see above); 0 if there is none yet."""
         floor = self._backfills.floor
-        return lsn if floor is None else min(lsn, floor)
+        if floor is None:  # lsn is an epoch end, or nothing is in flight: where a backfill's wait may start
+            self._epoch_ends.clear()
+            self._epoch_ends.append(lsn)
+            return lsn
+        ends = self._epoch_ends
+        while len(ends) > 1 and ends[1] <= floor:
+            ends.popleft()
+        return ends[0] if ends and ends[0] <= floor else 0
 
     def _confirm_previous_epoch(self) -> None:
         """The previous epoch is complete downstream: its snapshot position is durable."""

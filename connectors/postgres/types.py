@@ -101,7 +101,7 @@ SELECT a.attname
 FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indisprimary
+WHERE i.indrelid = %s AND i.indisprimary AND k.ord <= i.indnkeyatts
 ORDER BY k.ord
 """
 
