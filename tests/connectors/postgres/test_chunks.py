@@ -1,0 +1,48 @@
+"""Which columns a backfill pages by and matches changes by (:class:`connectors.postgres.chunks.TableReader`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from config.schema import BackfillSettings
+from connectors.postgres.chunks import BackfillRefused, TableReader
+from connectors.postgres.signals import BackfillRequest
+from tests.harness import Database
+
+
+@pytest.mark.parametrize(
+    ("ddl", "key", "first_rows"),
+    [
+        # INCLUDE columns are not part of the key pgoutput sends
+        ("CREATE TABLE t (id int, payload text, PRIMARY KEY (id) INCLUDE (payload))", ("id",), ["1", "2"]),
+        # a replica identity index beside the primary key: changes carry the index's columns
+        ("CREATE TABLE t (id int PRIMARY KEY, email text NOT NULL, payload text);"
+         "CREATE UNIQUE INDEX t_email ON t (email); ALTER TABLE t REPLICA IDENTITY USING INDEX t_email",
+         ("email",), ["1", "2"]),
+        ("CREATE TABLE t (id int PRIMARY KEY, payload text); ALTER TABLE t REPLICA IDENTITY FULL", ("id",), ["1", "2"]),
+    ],
+    ids=["include", "identity-index", "full"],
+)
+def test_the_key_is_what_changes_carry_and_pages_follow_the_primary_key(
+    database: Database, ddl: str, key: tuple[str, ...], first_rows: list[str]
+) -> None:
+    with database.connect() as conn:
+        conn.execute(ddl)
+        columns = [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 't'::regclass AND attnum > 0 ORDER BY attnum").fetchall()]
+        values = ", ".join("g" if c == "id" else f"'{c}' || (3 - g)" for c in columns)
+        conn.execute(f"INSERT INTO t SELECT {values} FROM generate_series(1, 2) g")
+        conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
+        reader = TableReader(conn, "p", BackfillRequest("b", "s", "public.t"), BackfillSettings())
+        assert reader.key_columns == key and reader.table.key_columns == key
+        chunk = reader.read(None)
+    ids = [row[reader.table.positions["id"]] for row in chunk.rows]
+    assert ids == [v.encode() for v in first_rows]
+
+
+def test_a_table_with_replica_identity_nothing_is_refused(database: Database) -> None:
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY); ALTER TABLE t REPLICA IDENTITY NOTHING")
+        conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
+        with pytest.raises(BackfillRefused, match="REPLICA IDENTITY NOTHING"):
+            TableReader(conn, "p", BackfillRequest("b", "s", "public.t"), BackfillSettings())
