@@ -48,7 +48,7 @@ import psycopg
 
 from config.schema import BackfillSettings, DatabaseConfig
 from connectors.postgres import signals
-from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader
+from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader, wait_for_commits_in_flight
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor
@@ -298,6 +298,7 @@ class BackfillRunner:
                 return job.done
             number = next(self._chunk_numbers)
             signals.emit(conn, self._signal("low", job, chunk=number, after=after))
+            wait_for_commits_in_flight(conn, self.settings.query_budget_ms / 1000, self._stopping.wait)
             started = time.monotonic()
             try:
                 chunk = reader.read(after)

@@ -24,6 +24,8 @@ a statement that ran past the statement timeout, and never holds more than
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -75,6 +77,48 @@ FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum,
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = %s AND k.ord <= i.indnkeyatts AND (CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END)
 """
+
+
+#: For :func:`wait_for_commits_in_flight`: an xid of our own (every xid below it was
+#: assigned before now) and the snapshot: running now are its in-progress list and every
+#: xid from its xmax up to ours (a snapshot does not list those).
+_IN_PROGRESS: Final = "SELECT pg_current_xact_id()::text, pg_current_snapshot()::text"
+_STILL_RUNNING: Final = """
+SELECT count(*) FROM unnest(%s::text[]::xid8[]) AS x, pg_current_snapshot() AS s
+WHERE x >= pg_snapshot_xmax(s) OR x = ANY(ARRAY(SELECT pg_snapshot_xip(s)))
+"""
+#: Beyond this many xids assigned since the last one completed, wait for them by count only.
+_MAX_WATCHED: Final = 10_000
+
+
+def wait_for_commits_in_flight(conn: psycopg.Connection[Any], timeout: float, pause: Callable[[float], bool]) -> bool:
+    """Wait (at most ``timeout`` s) until every transaction running now has ended.
+
+    Called right after a chunk's low watermark, before its ``SELECT``: a transaction whose
+    commit record precedes the watermark in the WAL but that is not yet visible (between
+    writing its commit record and leaving the process array; longer under synchronous
+    replication) would otherwise be neither in the chunk nor in its window, and the read
+    would carry the row's state before it, after it. Transactions that still run after
+    ``timeout`` are long ones that had not reached their commit (or a commit stuck behind a
+    standby for that long). ``pause(seconds)`` waits and returns True to give up (stopping).
+    True when nothing was left running.
+    """
+    row = conn.execute(_IN_PROGRESS).fetchone()
+    assert row is not None
+    mine = int(row[0])
+    _, xmax, xip = str(row[1]).split(":")
+    running = [x for x in xip.split(",") if x] + [str(x) for x in range(int(xmax), min(mine, int(xmax) + _MAX_WATCHED))]
+    if not running:
+        return True
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        left = conn.execute(_STILL_RUNNING, [running]).fetchone()
+        if not left or not left[0]:
+            return True
+        if time.monotonic() >= deadline or pause(delay):
+            return False
+        delay = min(delay * 2, 0.05)
 
 
 class BackfillRefused(WalflowError):

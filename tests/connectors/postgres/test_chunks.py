@@ -46,3 +46,21 @@ def test_a_table_with_replica_identity_nothing_is_refused(database: Database) ->
         conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
         with pytest.raises(BackfillRefused, match="REPLICA IDENTITY NOTHING"):
             TableReader(conn, "p", BackfillRequest("b", "s", "public.t"), BackfillSettings())
+
+
+def test_a_chunk_waits_for_the_transactions_running_at_its_low_watermark(database: Database) -> None:
+    import threading
+    import time
+
+    from connectors.postgres.chunks import wait_for_commits_in_flight
+
+    with database.connect() as conn, database.connect() as writer:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        assert wait_for_commits_in_flight(conn, 1.0, lambda s: time.sleep(s) is not None)  # nothing running
+        writer.autocommit = False
+        writer.execute("INSERT INTO t VALUES (1)")  # holds an xid until it commits
+        started = time.monotonic()
+        assert not wait_for_commits_in_flight(conn, 0.2, lambda s: time.sleep(s) is not None)
+        assert time.monotonic() - started >= 0.2
+        threading.Timer(0.1, writer.commit).start()
+        assert wait_for_commits_in_flight(conn, 5.0, lambda s: time.sleep(s) is not None)
