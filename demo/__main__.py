@@ -33,6 +33,8 @@ CREATE TABLE orders (
     id serial PRIMARY KEY, customer_id int REFERENCES customers, status text NOT NULL,
     amount numeric(10, 2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now()
 );
+-- customers from before walflow started: the sink's initial backfill publishes them as reads
+INSERT INTO customers (name, email) VALUES ('Alan', 'alan@example.com'), ('Hedy', 'hedy@example.com');
 """
 
 CONFIG = """\
@@ -47,6 +49,7 @@ databases:
 sinks:
   - name: demo-to-nats
     database: demo
+    initial_backfill: true
     destination:
       type: nats
       host: 127.0.0.1
@@ -169,6 +172,7 @@ def main() -> int:
         )
         print(f"walflow demo: PostgreSQL on 127.0.0.1:{pg.port}, NATS on {nc.url}")
         print("walflow demo: tables public.customers and public.orders -> subjects walflow.demo.public.<table>.<action>")
+        print("walflow demo: the 2 customers that exist already arrive first, as reads (initial_backfill: true)")
         print("walflow demo: events below arrive from JetStream, in order per row (Ctrl-C stops everything)")
         pipeline.start()
         try:

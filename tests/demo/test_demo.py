@@ -36,7 +36,8 @@ def test_demo_shows_changes_flowing_and_cleans_up() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "the pipeline is streaming" in out
-    for action in ("insert public.customers", "insert public.orders", "update public.orders", "delete public.orders"):
+    for action in ("read   public.customers", "insert public.customers", "insert public.orders", "update public.orders",
+                   "delete public.orders"):
         assert action in out, out
     assert re.search(r"subject=walflow\.demo\.public\.orders\.update\s+commit_lsn=\d+", out)
     count = re.search(r"walflow demo: (\d+) events arrived", out)
