@@ -54,13 +54,14 @@ def test_a_chunk_waits_for_the_transactions_running_at_its_low_watermark(databas
 
     from connectors.postgres.chunks import wait_for_commits_in_flight
 
+    never = threading.Event()  # the runner's stop event: never set here
     with database.connect() as conn, database.connect() as writer:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-        assert wait_for_commits_in_flight(conn, 1.0, lambda s: time.sleep(s) is not None)  # nothing running
+        assert wait_for_commits_in_flight(conn, 1.0, never.wait)  # nothing running
         writer.autocommit = False
         writer.execute("INSERT INTO t VALUES (1)")  # holds an xid until it commits
         started = time.monotonic()
-        assert not wait_for_commits_in_flight(conn, 0.2, lambda s: time.sleep(s) is not None)
+        assert not wait_for_commits_in_flight(conn, 0.2, never.wait)
         assert time.monotonic() - started >= 0.2
         threading.Timer(0.1, writer.commit).start()
-        assert wait_for_commits_in_flight(conn, 5.0, lambda s: time.sleep(s) is not None)
+        assert wait_for_commits_in_flight(conn, 5.0, never.wait)
