@@ -23,6 +23,7 @@ from typing import Any
 
 import nats
 import yaml
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from psycopg.conninfo import conninfo_to_dict
 
@@ -113,7 +114,7 @@ def assert_running(*procs: ServerProcess) -> None:
 
 
 def stored(url: str, stream: str) -> list[Stored]:
-    """Everything in ``stream`` (empty if it does not exist yet), in stream order."""
+    """Everything in ``stream`` (empty if it does not exist yet), in stream order, a batch at a time."""
 
     async def read() -> list[Stored]:
         nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
@@ -123,14 +124,22 @@ def stored(url: str, stream: str) -> list[Stored]:
                 info = await js.stream_info(stream)
             except NotFoundError:
                 return []
+            last = info.state.last_seq
             if info.state.messages == 0:
                 return []
-            out = []
-            for seq in range(info.state.first_seq, info.state.last_seq + 1):
-                msg = await js.get_msg(stream, seq)
-                out.append(
-                    Stored(seq, msg.subject or "", (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}"))
-                )
+            sub = await js.pull_subscribe(
+                ">", stream=stream,
+                config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
+                                      inactive_threshold=30.0),
+            )
+            out: list[Stored] = []
+            try:
+                while not out or out[-1].seq < last:
+                    for msg in await sub.fetch(batch=2000, timeout=5):
+                        out.append(Stored(msg.metadata.sequence.stream, msg.subject,
+                                          (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}")))
+            finally:
+                await sub.unsubscribe()
             return out
         finally:
             await nc.close()

@@ -1,7 +1,7 @@
 """Helpers for the backfill tests: sinks, the ``walflow`` command, and fast reads of a stream.
 
 :func:`tests.pipeline.stored` fetches one message per round trip, which is too slow for
-the tens of thousands of reads some backfill tests make; :func:`read_stream` reads the
+the tens of thousands of reads some backfill tests make; :func:`stored` reads the
 same through an ephemeral consumer, a batch at a time, and :func:`subject_counts` counts
 what each subject holds without reading a message.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from typing import Any
 
 import nats
 import yaml
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from embedded._process import ServerProcess
@@ -96,40 +94,6 @@ def subject_counts(url: str, stream: str) -> dict[str, int]:
             await nc.close()
 
     return asyncio.run(count())
-
-
-def read_stream(url: str, stream: str) -> list[Stored]:
-    """Everything in ``stream`` (empty if it does not exist yet), in stream order, a batch at a time."""
-
-    async def read() -> list[Stored]:
-        nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
-        try:
-            js = nc.jetstream()
-            try:
-                info = await js.stream_info(stream)
-            except NotFoundError:
-                return []
-            last = info.state.last_seq
-            if info.state.messages == 0:
-                return []
-            sub = await js.pull_subscribe(
-                ">", stream=stream,
-                config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
-                                      inactive_threshold=30.0),
-            )
-            out: list[Stored] = []
-            try:
-                while not out or out[-1].seq < last:
-                    for msg in await sub.fetch(batch=2000, timeout=5):
-                        out.append(Stored(msg.metadata.sequence.stream, msg.subject,
-                                          (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}")))
-            finally:
-                await sub.unsubscribe()
-            return out
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 def stored_count(url: str, stream: str) -> int:

@@ -22,9 +22,9 @@ import pytest
 
 from embedded import wait_for
 from embedded._process import ServerProcess
-from tests.backfill.helpers import read_stream, replay, stored_count
+from tests.backfill.helpers import replay, stored_count
 from tests.harness import Database, Nats, TestNames, slot_confirmed
-from tests.pipeline import assert_running, pipeline, write_config
+from tests.pipeline import assert_running, pipeline, stored, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def _settle(db: Database, proc: ServerProcess) -> None:
 
 
 def _assert_exact(db: Database, nats_srv: Nats, names: TestNames) -> list[Any]:
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     ids = [e.msg_id for e in events]
     assert len(ids) == len(set(ids)), "a message was published twice"
     got, want = replay(events), _table(db)

@@ -25,7 +25,6 @@ from tests.backfill.helpers import (
     decode_id,
     log_lines,
     log_text,
-    read_stream,
     set_publication_sql,
     sink,
     subject_counts,
@@ -33,7 +32,7 @@ from tests.backfill.helpers import (
     walflow_together,
 )
 from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed
-from tests.pipeline import Stored, assert_running, fatal_line, pipeline, run_to_exit, write_config
+from tests.pipeline import Stored, assert_running, fatal_line, pipeline, run_to_exit, stored, write_config
 
 #: Chunks of a few rows: many chunks, each a watermark window of its own.
 TINY = {"initial_chunk_rows": 7, "max_chunk_rows": 7}
@@ -111,7 +110,7 @@ def test_partial_backfill_reads_exactly_the_rows_from_the_start_position_on(
         done = _done(proc)
         _settled(database, proc)
     assert done[0].endswith(f"done, {len(expected)} row(s)\"")
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     reads = _reads(events)
     assert len(reads) == len(events) == len(expected)
     got = {e.event["record"]["id"]: {**e.event["record"], "updated_at": datetime.fromisoformat(e.event["record"]["updated_at"])}
@@ -141,7 +140,7 @@ def test_composite_key_table_in_many_chunks_reads_every_row_once(
     with pipeline(config, "-s", "1") as proc:
         _done(proc)
         _settled(database, proc)
-    reads = _reads(read_stream(nats_srv.url, names.stream))
+    reads = _reads(stored(nats_srv.url, names.stream))
     got = [(e.event["record"]["tenant"], e.event["record"]["id"]) for e in reads]
     assert len(table) > 7 * 40
     assert len(got) == len(table) and set(got) == table
@@ -179,7 +178,7 @@ def test_walflow_backfill_on_a_running_pipeline(
         _settled(database, proc)
         assert proc.running
     assert len(log_lines(proc, "streaming slot")) == 1  # no restart
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     assert [e.subject for e in events if e.subject.startswith(f"{other}.")] == [f"{other}.shop.public.t.insert"]
     reads = _reads(events)
     assert sorted(e.event["record"]["id"] for e in reads) == list(range(1, 502))
@@ -209,7 +208,7 @@ def test_walflow_backfill_before_the_pipeline_starts_is_run_by_the_next_one(
     with pipeline(config, "-s", "1") as proc:
         _done(proc, backfill)
         _settled(database, proc)
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     assert [(e.event["action"], e.event["record"]["id"]) for e in events if e.event["action"] != "read"] == [
         ("update", 7)]
     reads = {e.event["record"]["id"]: e.event["record"]["name"] for e in _reads(events)}
@@ -240,7 +239,7 @@ def test_a_second_request_while_the_first_runs_is_a_backfill_of_its_own(
         for backfill in ids:
             _done(proc, backfill)
         _settled(database, proc)
-    reads = _reads(read_stream(nats_srv.url, names.stream))
+    reads = _reads(stored(nats_srv.url, names.stream))
     for backfill in ids:
         mine = [e for e in reads if decode_id(e.msg_id).split("/")[3] == backfill]
         assert sorted(e.event["record"]["id"] for e in mine) == list(range(1, rows + 1))
@@ -277,7 +276,7 @@ def test_a_table_dropped_mid_backfill_stops_only_its_backfill(
     line = log_lines(proc, *error)[0]
     assert line.endswith("stopped: table public.doomed was dropped\"") or "does not exist" in line, line
     assert len(done) == 1 and "of public.other " in done[0] and done[0].endswith("done, 3,000 row(s)\"")
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     assert sorted(e.event["record"]["id"] for e in _reads(events, "other")) == list(range(1, 3001))
     assert len(_reads(events, "doomed")) < 50000
     assert [e.event["record"] for e in events if e.event["metadata"]["table_name"] == "live"] == [
@@ -329,7 +328,7 @@ def test_initial_backfill_of_all_tables_skips_those_without_a_primary_key_with_a
         _until(lambda: _count(nats_srv, names, "nopk", "insert") == 1, proc, "the live insert")
         _settled(database, proc)
     assert "Add a primary key" in log_lines(proc, *refusal("nopk"))[0]
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     assert _reads(events, "nopk") == [] and _reads(events, "fullid") == []
     assert sorted(e.event["record"]["id"] for e in _reads(events, "t")) == list(range(1, 51))
     assert sorted(e.event["record"]["code"] for e in _reads(events, "byindex")) == sorted(f"c{g}" for g in range(1, 51))
@@ -373,7 +372,7 @@ def test_a_backfill_that_cannot_work_ends_and_does_not_block_a_corrected_one(
         _until(lambda: bool(log_lines(proc, f"backfill {good} ", "done,")), proc, "the corrected backfill")
         _settled(database, proc)
     assert log_lines(proc, "level=error", f"backfill {bad.id} ", "stopped:", "last tuesday")
-    assert sorted(e.event["record"]["id"] for e in _reads(read_stream(nats_srv.url, names.stream))) == list(
+    assert sorted(e.event["record"]["id"] for e in _reads(stored(nats_srv.url, names.stream))) == list(
         range(1, 21))
 
 
@@ -504,7 +503,7 @@ def test_initial_backfill_is_not_repeated_on_the_next_start(
     assert second.log_path != first.log_path and log_lines(second, "streaming slot")
     assert not log_lines(second, "initial backfill")
     assert not log_lines(second, "walflow.backfill")
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     assert len(_reads(events)) == 100
     assert [(e.event["action"], e.event["record"]["id"]) for e in events[100:]] == [("insert", 101)]
 
@@ -524,7 +523,7 @@ def test_a_restart_right_after_a_backfill_keeps_every_row_read_once(
             _done(second)
             _settled(database, second)
     assert not log_lines(second, "initial backfill")
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     reads = [e.event["record"]["id"] for e in _reads(events)]
     assert sorted(set(reads)) == list(range(1, 102 if 101 in reads else 101))
     assert len(reads) == len(set(reads))
@@ -566,7 +565,7 @@ def test_the_last_message_of_every_row_is_its_current_state(
         _settled(database, proc)
     assert writes >= 200  # the backfill ran during all of these
     current = {id_: {"id": id_, "v": v, "note": note} for id_, v, note in _rows(database, "SELECT id, v, note FROM t")}
-    events = read_stream(nats_srv.url, names.stream)
+    events = stored(nats_srv.url, names.stream)
     last: dict[int, Stored] = {}
     for e in events:
         last[e.event["record"]["id"]] = e
