@@ -35,13 +35,14 @@ does not hold the slot back.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final, TypedDict
 
 import psycopg
@@ -107,7 +108,7 @@ class _Job:
     rewind: Cursor | None | object = _NO_REWIND
     done: bool = False
     thread: threading.Thread | None = None
-    #: What was last logged: when, and the rows then (for the rate).
+    #: When its progress was last logged.
     logged_at: float = field(default_factory=time.monotonic)
 
 
@@ -123,7 +124,7 @@ class BackfillRunner:
         self._jobs: dict[str, _Job] = {}
         self._queue: list[str] = []
         self._ready: dict[tuple[str, int], Chunk] = {}
-        self._chunk_numbers = iter(range(1 << 62))
+        self._chunk_numbers = itertools.count()
         self._stopping = threading.Event()
         self._checkpoints = threading.Thread(target=self._checkpoint_waiting, name="walflow-backfill-queue", daemon=True)
         self._progress_line = sys.stderr.isatty() if progress_line is None else progress_line
@@ -460,7 +461,7 @@ class Backfills:
         #: Tables with an open window → their backfills (several sinks may read one table).
         self._windows: dict[str, list[_Running]] = {}
         #: Per table version, the positions of a window's key columns in its rows.
-        self._positions: dict[tuple[int, tuple[str, ...]], tuple[Table, tuple[int, ...]]] = {}
+        self._positions: dict[tuple[str, tuple[str, ...]], tuple[Table, tuple[int, ...]]] = {}
         for state in resume or []:
             request = BackfillRequest(**state["request"])  # type: ignore[arg-type]
             if request.sink not in sinks:
@@ -485,7 +486,7 @@ class Backfills:
 
     def snapshot(self) -> list[BackfillState]:
         return [
-            {"request": _request_data(r.request), "after": r.after, "rows": r.rows} for r in self._running.values()
+            {"request": asdict(r.request), "after": r.after, "rows": r.rows} for r in self._running.values()
         ]
 
     def observe(self, change: RawChange) -> None:
@@ -616,12 +617,14 @@ class Backfills:
         self._runner.finished(running.request.id)
 
     def _key_positions(self, table: Table, columns: tuple[str, ...]) -> tuple[int, ...] | None:
-        cached = self._positions.get((id(table), columns))
+        """Where ``columns`` are in ``table``'s rows; None if one is missing. One entry per
+        table, however many versions (a Relation per session and DDL) come by."""
+        cached = self._positions.get((table.qualified, columns))
         if cached is None or cached[0] is not table:
             positions = table.positions
             at = tuple(positions[c] for c in columns) if all(c in positions for c in columns) else ()
             cached = (table, at)
-            self._positions[(id(table), columns)] = cached
+            self._positions[(table.qualified, columns)] = cached
         return cached[1] or None
 
 
@@ -638,7 +641,3 @@ def _key(row: RawRow, other: RawRow | None, at: tuple[int, ...]) -> str | None:
         values.append(value)
     return row_key(values)
 
-
-def _request_data(request: BackfillRequest) -> dict[str, str | None]:
-    return {"id": request.id, "sink": request.sink, "table": request.table,
-            "sort_column": request.sort_column, "start_position": request.start_position}
