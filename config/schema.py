@@ -102,6 +102,11 @@ class DatabaseConfig(Section):
     }
 
     name: str = Field(min_length=1)
+    #: ``metadata.database.id``: Sequin's id of this database (``sequin config export`` writes
+    #: it); None: a UUID derived from the name, the same on every run.
+    id: str | None = Field(default=None, min_length=1)
+    #: ``metadata.database.annotations``, as in Sequin.
+    annotations: dict[str, Any] = {}
     hostname: str = Field(min_length=1)
     port: Port = 5432
     database: str = Field(min_length=1)
@@ -178,7 +183,12 @@ class NatsDestination(Section):
     creds_file: FilePath | None = None
     tls: bool = False
     tls_ca_file: FilePath | None = None
-    subject_prefix: SubjectPrefix = "walflow"
+    #: Sequin's subjects start with ``sequin``; ``config/walflow.yaml`` sets ``walflow``.
+    subject_prefix: SubjectPrefix = "sequin"
+    #: ``Nats-Msg-Id`` and ``metadata.idempotency_key``: walflow's (names database and sink,
+    #: so sinks can share a stream) or Sequin's ``base64("<commit_lsn>:<commit_idx>")``, for a
+    #: cutover with Sequin publishing into the same stream (README, "Migrating from Sequin").
+    msg_id: Literal["walflow", "sequin"] = "walflow"
     stream: StreamConfig = StreamConfig()
     #: Messages published but not yet acknowledged, per sink partition.
     max_in_flight: int = Field(default=1024, ge=1)
@@ -253,7 +263,12 @@ class SinkConfig(Section):
     }
 
     name: str = Field(min_length=1)
+    #: ``metadata.consumer.id``: Sequin's id of this sink (``sequin config export`` writes it);
+    #: None: a UUID derived from the database and sink names, the same on every run.
+    id: str | None = Field(default=None, min_length=1)
     database: str
+    #: ``event``: Sequin's envelope (record, changes, action, metadata); ``record``: the row alone.
+    message_kind: Literal["event", "record"] = "event"
     status: Literal["active", "disabled"] = "active"
     actions: list[Action] = Field(default=["insert", "update", "delete"], min_length=1)
     source: SourceFilter = SourceFilter()
