@@ -45,6 +45,8 @@ class UnchangedToast:
 
 
 UNCHANGED_TOAST: Final = UnchangedToast()
+#: How the payload shows it: Sequin's value for a TOASTed column that an update left alone.
+UNCHANGED_TOAST_MARKER: Final = "unchanged_toast"
 
 #: One column as the source sent it: its text, None for NULL, or UNCHANGED_TOAST.
 RawValue = bytes | None | UnchangedToast
@@ -90,10 +92,14 @@ class Table:
     qualified: str = field(init=False, repr=False)
     #: Column name → position in a raw row.
     positions: dict[str, int] = field(init=False, repr=False)
+    #: The positions of :attr:`key_columns` in column order (Sequin's ``record_pks`` order).
+    key_positions: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "qualified", f"{self.schema}.{self.name}")
-        object.__setattr__(self, "positions", {name: i for i, name in enumerate(self.columns)})
+        positions = {name: i for i, name in enumerate(self.columns)}
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "key_positions", tuple(sorted(positions[name] for name in self.key_columns)))
 
 
 class ReadOf(NamedTuple):
@@ -132,6 +138,9 @@ class RawChange(NamedTuple):
     commit_ts: datetime
     xid: int
     read: ReadOf | None = None
+    #: The JSON text its transaction was annotated with before it (Sequin's
+    #: ``sequin:transaction_annotations.set`` message), else None.
+    annotations: bytes | None = None
 
 
 class Change(NamedTuple):
@@ -148,6 +157,10 @@ class Change(NamedTuple):
     commit_ts: datetime
     xid: int
     read: ReadOf | None = None
+    annotations: bytes | None = None
+    #: The primary key's values as Postgres prints them, in column order (Sequin's
+    #: ``record_pks``); empty without a key.
+    pks: tuple[str, ...] = ()
 
 
 class Message(NamedTuple):

@@ -83,7 +83,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         step = _step(sink.name)
         selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
         keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
-        messages = op.map_value(f"{step}_envelope", keyed, converting(Envelope(sink, db.name)))
+        messages = op.map_value(f"{step}_envelope", keyed, converting(Envelope(sink, db)))
         op.output(f"{step}_publish", messages, publishers[sink.name])
     return flow
 

@@ -9,9 +9,12 @@ to holds a loader per column.
 - A value a loader cannot represent (``infinity`` dates, BC or year-10000 timestamps)
   falls back to its text, exactly: nothing is lost and the pipeline does not stop.
 - ``None`` (NULL) and ``UNCHANGED_TOAST`` pass as they are.
-- A key-only old row (``old_is_key``: a delete, or an update that changed the key, under
-  REPLICA IDENTITY DEFAULT) reports the replica identity's columns only: the others are
-  absent, not NULL.
+- A key-only old row (``old_is_key``, under REPLICA IDENTITY DEFAULT): a delete's has
+  every column, those Postgres did not send as None (Sequin's ``record`` of a delete); an
+  update that changed the key reports the replica identity's columns only, since the
+  others' old values are unknown, not NULL.
+- ``pks``: the key columns' texts (Sequin's ``record_pks``) from the new row, or a
+  delete's old row.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Final, TypeVar
 
 import psycopg
 
-from core.events import Change, RawChange, RawRow, Row, Table
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, RawChange, RawRow, Row, Table
 
 T = TypeVar("T")
 
@@ -50,13 +53,32 @@ def _key_row(table: Table, raw: RawRow) -> Row:
     return {name: value for name, value in row.items() if name in keys}
 
 
+def _pks(table: Table, raw: RawRow, old: RawRow | None) -> tuple[str, ...]:
+    texts = []
+    for i in table.key_positions:
+        value = raw[i]
+        if value is UNCHANGED_TOAST and old is not None:
+            value = old[i]
+        texts.append(value.decode("utf-8", "replace") if type(value) is bytes else UNCHANGED_TOAST_MARKER)
+    return tuple(texts)
+
+
 def convert(change: RawChange) -> Change:
     """``change`` with its values converted."""
     table = change.table
-    new = None if change.new is None else convert_row(table, change.new)
-    old = None if change.old is None else (_key_row if change.old_is_key else convert_row)(table, change.old)
+    raw_new, raw_old = change.new, change.old
+    new = None if raw_new is None else convert_row(table, raw_new)
+    if raw_old is None:
+        old = None
+    elif change.old_is_key and change.action == "update":
+        old = _key_row(table, raw_old)
+    else:
+        old = convert_row(table, raw_old)
+    keyed = raw_new if raw_new is not None else raw_old
+    pks = () if keyed is None or not table.key_positions else _pks(table, keyed, raw_old)
     return Change(change.action, table.schema, table.name, table.key_columns, new, old,
-                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid, change.read)
+                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid, change.read,
+                  change.annotations, pks)
 
 
 def converting(step: Callable[[Change], T]) -> Callable[[RawChange], T]:

@@ -98,6 +98,8 @@ class _Job:
     started: float = field(default_factory=time.monotonic)
     #: The columns that identify a row (known once the table is described).
     key_columns: tuple[str, ...] | None = None
+    #: The table its changes are published under: a partition's parent (``Catalog``).
+    published_as: str | None = None
     #: Chunks handed over whose high watermark the partition has not reached yet, by
     #: number; ``changed`` is notified as they go.
     pending: dict[int, _Pending] = field(default_factory=dict)
@@ -154,10 +156,12 @@ class BackfillRunner:
                     pending.taken = True
         return found
 
-    def key_columns(self, backfill: str) -> tuple[str, ...] | None:
+    def described(self, backfill: str) -> tuple[tuple[str, ...] | None, str | None]:
+        """The key columns of the backfill's table, and the name its changes are published
+        under (a partition's are its parent's): what its windows match changes by."""
         with self._lock:
             job = self._jobs.get(backfill)
-            return None if job is None else job.key_columns
+            return (None, None) if job is None else (job.key_columns, job.published_as)
 
     def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
         """The partition emitted the chunk (or, not ``accepted``, dropped it): the runner
@@ -258,6 +262,7 @@ class BackfillRunner:
                         return
                     job.estimate = max(reader.estimate, job.rows)
                     job.key_columns = reader.key_columns
+                    job.published_as = reader.table.qualified
                     if self._chunks(conn, job, reader):
                         return
             except psycopg.errors.UndefinedTable:
@@ -441,6 +446,8 @@ class _Running:
     window: int | None = None
     changed: set[str] = field(default_factory=set)
     key_columns: tuple[str, ...] | None = None
+    #: The table name the open window matches changes by (:meth:`BackfillRunner.described`).
+    window_table: str = ""
     #: Something in the window that no key can name (a truncate, a key column without a
     #: value): the chunk is read again rather than trusted.
     doubt: bool = False
@@ -553,15 +560,16 @@ class Backfills:
 
     def _open(self, running: _Running, chunk: int) -> None:
         self._close(running)
-        running.key_columns = self._runner.key_columns(running.request.id)
+        running.key_columns, published_as = self._runner.described(running.request.id)
+        running.window_table = published_as or running.request.table
         running.window, running.changed, running.doubt = chunk, set(), False
-        self._windows.setdefault(running.request.table, []).append(running)
+        self._windows.setdefault(running.window_table, []).append(running)
 
     def _close(self, running: _Running) -> None:
         if running.window is None:
             return
         running.window = None
-        table = running.request.table
+        table = running.window_table
         remaining = [r for r in self._windows.get(table, []) if r is not running]
         if remaining:
             self._windows[table] = remaining

@@ -16,7 +16,9 @@ What it keeps track of:
   (``shared/reference/postgres-replication.md`` §3.3). Everything before a marker has been
   staged.
 - **Transactions.** Each change is named by its transaction's commit LSN (from Begin) and
-  its index in the transaction, and staged as soon as it is decoded: a transaction is
+  its index in the transaction — counted as Sequin counts ``commit_idx``: every Insert,
+  Update, Delete, Truncate and transactional logical message takes the next index, so
+  the numbers match Sequin's for the same WAL — and staged as soon as it is decoded: a transaction is
   never held whole. The commit's *end* LSN is only known at Commit, possibly millions of
   changes later; resuming skips transactions whose commit LSN lies before the resume
   position, the server's own rule (equivalent to "end at or below it", since resume
@@ -25,6 +27,9 @@ What it keeps track of:
   already emitted (:class:`ResumePoint`).
 - **Signals.** Transactional logical messages with a prefix the session names (backfill
   watermarks) are staged in order with the changes, where they were committed.
+- **Transaction annotations.** ``pg_logical_emit_message(true,
+  'sequin:transaction_annotations.set', json)`` annotates the transaction's changes that
+  follow it (``…clear`` ends that), as in Sequin: each carries the JSON text.
 - **Relations.** A Relation message becomes a :class:`core.events.Table` through the
   catalog, which may look things up; changes refer to the table version they were
   written with.
@@ -74,6 +79,9 @@ _TEXT, _NULL, _UNCHANGED = b"tnu"
 _REPLICA_IDENTITIES: Final = frozenset("dnfi")
 _TRUNCATE_FLAGS: Final = 3  # cascade, restart identity
 _MESSAGE_TRANSACTIONAL: Final = 1
+#: Sequin's prefixes for annotating a transaction's changes (its slot_producer.ex).
+_ANNOTATIONS_SET: Final = "sequin:transaction_annotations.set"
+_ANNOTATIONS_CLEAR: Final = "sequin:transaction_annotations.clear"
 
 # XLogData header ('w', dataStart, walEnd, sendTime) and the pgoutput message behind it,
 # one unpack each, skipping ('x') what is not used.
@@ -188,6 +196,8 @@ class Decoder:
         self._txn_xid = 0
         self._txn_idx = 0
         self._txn_emitted = -1
+        #: The JSON text of the open transaction's latest ``sequin:transaction_annotations.set``.
+        self._txn_annotations: bytes | None = None
         #: Decoded and not yet taken, with their sizes (0 for a marker) and the sizes' total.
         self.staged: list[Item] = []
         self.staged_sizes: list[int] = []
@@ -268,6 +278,7 @@ class Decoder:
                 raise DecodeError(f"commit timestamp {commit_ts} of transaction {xid} is out of range") from None
         self._txn_xid = xid
         self._txn_idx = 0
+        self._txn_annotations = None
         self._txn_emitted = -1 if commit_lsn > self._resume_lsn else self.resume.emitted_up_to(commit_lsn)
 
     def _commit(self, data: memoryview | bytes) -> None:
@@ -335,7 +346,7 @@ class Decoder:
             size = (_MEMORY_PER_CHANGE + _MEMORY_PER_WAL_BYTE * len(buf)
                     + _MEMORY_PER_COLUMN * ((0 if new is None else ncols) + (0 if old is None else ncols)))
             self.staged.append(RawChange(action, table, new, old, old_is_key, commit_lsn, idx,
-                                         self._txn_ts, self._txn_xid))
+                                         self._txn_ts, self._txn_xid, None, self._txn_annotations))
             self.staged_sizes.append(size)
             self.staged_size += size
             self._last = (commit_lsn, idx)
@@ -385,12 +396,12 @@ class Decoder:
         commit_lsn = self._txn_lsn
         if commit_lsn is None:
             raise DecodeError("Truncate outside a transaction")
+        idx = self._txn_idx  # one message, one index (as Sequin counts), shared by its tables
+        self._txn_idx = idx + 1
         for (relid,) in _U32.iter_unpack(buf[pos:]):
             table = self._tables.get(relid)
             if table is None:
                 raise DecodeError(f"Truncate of relation {relid} before its Relation message")
-            idx = self._txn_idx
-            self._txn_idx = idx + 1
             if idx > self._txn_emitted:
                 change = RawChange("truncate", table, None, None, False, commit_lsn, idx, self._txn_ts, self._txn_xid)
                 self._stage(change, change_memory(len(buf), 0))
@@ -408,6 +419,12 @@ class Decoder:
         pos += 4
         if len(buf) - pos != length:
             raise DecodeError(f"content length {length} does not match the {len(buf) - pos} bytes that remain")
+        if flags:  # a transactional message has its place among the transaction's changes
+            self._txn_idx += 1
+            if prefix == _ANNOTATIONS_SET:
+                self._txn_annotations = buf[pos:]
+            elif prefix == _ANNOTATIONS_CLEAR:
+                self._txn_annotations = None
         if flags and prefix in self._staged_prefixes:
             commit_lsn = self._txn_lsn
             assert commit_lsn is not None

@@ -7,10 +7,15 @@ that for every built-in type, so walflow never parses a type by hand. What this 
   parameterised queries): a domain loads as its base type, an array of a
   domain/enum/custom type gets an array loader over the element's effective type, custom
   ranges are registered, enums stay strings. Anything else falls back to its text.
-- **oidvector, int2vector** (``1 2 3``) load as lists of ints, and their arrays as lists
-  of those, through psycopg's ``oid[]``/``int2[]`` loaders.
+- **Values as Sequin publishes them** (``shared/CONTRACT.md``: a Sequin consumer must read
+  the same JSON): bytea, ranges and multiranges (built-in and custom), oidvector and
+  int2vector load as Postgres's own text (``\\x0102``, ``[1,10)``, ``1 2 3``), as Sequin's
+  value caster leaves them; intervals as ``{"months", "days", "microseconds"}``
+  (:class:`IntervalLoader`: psycopg's own folds months into 30 days and years into 365).
 - **inet, cidr** and their arrays load as Postgres's own text (``str``): Python's
   :mod:`ipaddress` would rewrite some of them (``::ffff:1.2.3.4`` → ``::ffff:102:304``).
+- **Partitions** are described as their parent table (schema, name), as Sequin reports them:
+  a consumer sees one table whichever partition a row is stored in.
 - **json/jsonb** load with orjson where it gives what ``json.loads`` gives (several times
   faster for small documents): see :func:`json_loads`.
 
@@ -27,8 +32,7 @@ OID per run:
    array of one (``_int4``): that type's loader. No catalog lookup, so a domain dropped
    before walflow read its changes still loads as its base type.
 3. The current catalog (``pg_type``): domain → its base type, array → an array loader
-   over its element's effective type, range → registered; enums and anything else load
-   as their text.
+   over its element's effective type; enums, ranges and anything else load as their text.
 4. The catalog no longer has the type: its text, with one warning.
 
 So a type gone from the catalog by the time walflow reads the change falls back to text
@@ -67,12 +71,12 @@ from typing import Any, ClassVar, Final
 import orjson
 import psycopg
 from psycopg import pq
-from psycopg.abc import AdaptContext, Buffer
-from psycopg.adapt import RecursiveLoader, Transformer
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader as PsycopgLoader
+from psycopg.adapt import Transformer
 from psycopg.types import TypeInfo
 from psycopg.types.array import register_array
 from psycopg.types.json import set_json_loads
-from psycopg.types.range import RangeInfo, register_range
 from psycopg.types.string import TextLoader
 
 from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
@@ -85,12 +89,10 @@ log = logging.getLogger("walflow.postgres.types")
 _LONG_DIGITS: Final = re.compile(rb"\d{19}")
 _JSON_OIDS: Final = frozenset({114, 3802})  # json, jsonb
 _TIMESTAMPTZ_OID: Final = 1184
-_INT2_ARRAY_OID: Final = 1005
-_OID_ARRAY_OID: Final = 1028
-_INT2VECTOR_OID: Final = 22
-_OIDVECTOR_OID: Final = 30
-_INET_OID: Final = 869
-_CIDR_OID: Final = 650
+_INTERVAL_OID: Final = 1186
+#: Loaded as their text: inet, cidr (see above); bytea, int2vector, oidvector; the built-in
+#: ranges (int4, num, ts, tstz, date, int8) and multiranges.
+_TEXT_OIDS: Final = (869, 650, 17, 22, 30, 3904, 3906, 3908, 3910, 3912, 3926, 4451, 4532, 4533, 4534, 4535, 4536)
 #: OIDs below this are assigned by initdb's catalog data (FirstGenbkiObjectId): built-in.
 _FIRST_GENBKI_OID: Final = 10000
 #: pgoutput sends pg_catalog as an empty namespace (logicalrep_write_namespace).
@@ -103,6 +105,13 @@ CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = %s AND i.indisprimary AND k.ord <= i.indnkeyatts
 ORDER BY k.ord
+"""
+
+#: A partition's parent (Sequin's query: the immediate parent, also for inheritance children).
+_PARENT_QUERY = """
+SELECT pn.nspname, pc.relname
+FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhparent JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+WHERE i.inhrelid = %s
 """
 
 _CATALOG_QUERY = (
@@ -127,36 +136,42 @@ def json_loads(data: str | bytes) -> Any:
     return json.loads(data)
 
 
-class _VectorLoader(RecursiveLoader):
-    """``int2vector``/``oidvector`` text (``1 2 3``, space-separated) as a list of ints:
-    rewritten as an array literal (``{1,2,3}``) for psycopg's array loader of the element."""
-
-    array_oid: ClassVar[int]
-
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self._load: Callable[[bytes], list[int]] = self._tx.get_loader(self.array_oid, pq.Format.TEXT).load
-
-    def load(self, data: Buffer) -> list[int]:
-        return self._load(b"{" + bytes(data).replace(b" ", b",") + b"}")
+_INTERVAL: Final = re.compile(
+    rb"(?:([-+]?\d+) years? ?)?(?:([-+]?\d+) mons? ?)?(?:([-+]?\d+) days? ?)?(?:([-+])?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
+)
 
 
-class _Int2VectorLoader(_VectorLoader):
-    array_oid = _INT2_ARRAY_OID
+class IntervalLoader(PsycopgLoader):
+    """An interval's text (IntervalStyle ``postgres``, pinned on both connections) as
+    ``{"months", "days", "microseconds"}``: the three fields Postgres stores, as Sequin
+    publishes them. Years count 12 months; the time is exact (no float in between)."""
 
-
-class _OidVectorLoader(_VectorLoader):
-    array_oid = _OID_ARRAY_OID
+    def load(self, data: Buffer) -> dict[str, int]:
+        match = _INTERVAL.fullmatch(bytes(data))
+        if match is None:
+            raise psycopg.DataError(f"can't parse interval {bytes(data)!r}")
+        years, months, days, sign, hours, minutes, seconds, fraction = match.groups()
+        micros = 0
+        if hours is not None:
+            micros = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000
+            if fraction:
+                micros += int(fraction.ljust(6, b"0"))
+            if sign == b"-":
+                micros = -micros
+        return {
+            "months": int(years or 0) * 12 + int(months or 0),
+            "days": int(days or 0),
+            "microseconds": micros,
+        }
 
 
 def _register_loaders(conn: psycopg.Connection[Any]) -> None:
     """The loaders walflow wants instead of psycopg's defaults, on ``conn`` only. Arrays of
     these types (psycopg knows their OIDs) pick up the element loaders from the same map."""
     set_json_loads(json_loads, conn)
-    conn.adapters.register_loader(_INT2VECTOR_OID, _Int2VectorLoader)
-    conn.adapters.register_loader(_OIDVECTOR_OID, _OidVectorLoader)
-    conn.adapters.register_loader(_INET_OID, TextLoader)  # Postgres's own text, never ipaddress's
-    conn.adapters.register_loader(_CIDR_OID, TextLoader)
+    conn.adapters.register_loader(_INTERVAL_OID, IntervalLoader)
+    for oid in _TEXT_OIDS:
+        conn.adapters.register_loader(oid, TextLoader)
 
 
 def _commit_time(raw: bytes) -> datetime:
@@ -204,14 +219,23 @@ class Catalog:
         else:
             keys = identity
         self._keys[relation.relid] = keys
+        schema, name = self._reported_name(relation)
         return Table(
-            schema=relation.namespace or "pg_catalog",
-            name=relation.name,
+            schema=schema,
+            name=name,
             columns=tuple(c.name for c in relation.columns),
             key_columns=keys,
             identity_columns=identity,
             loaders=tuple(self.loader(c.type_oid) for c in relation.columns),
         )
+
+    def _reported_name(self, relation: Relation) -> tuple[str, str]:
+        """The relation's schema and name, or its parent's if it is a partition (one parent
+        only: with several, its own), read from the current catalog as Sequin does."""
+        parents = self._conn.execute(_PARENT_QUERY, [relation.relid]).fetchall()
+        if len(parents) == 1:
+            return str(parents[0][0]), str(parents[0][1])
+        return relation.namespace or "pg_catalog", relation.name
 
     def _full_key(self, relation: Relation) -> tuple[str, ...]:
         """The key of a REPLICA IDENTITY FULL relation: see the module docstring."""
@@ -271,12 +295,7 @@ class Catalog:
             info = TypeInfo(name, element, oid, delimiter=delimiter)
             register_array(info, self._conn)
             return oid
-        if typtype == "r":
-            range_info = RangeInfo.fetch(self._conn, name)
-            if range_info is not None:
-                register_range(range_info, self._conn)
-                return oid
-        return oid  # enums load as their label (str); composites and others as their text
+        return oid  # enums load as their label (str); ranges, composites and others as their text
 
     def _builtin(self, oid: int) -> int | None:
         """The built-in type a Type message named for ``oid``, if psycopg knows it by name."""

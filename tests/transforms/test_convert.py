@@ -26,7 +26,7 @@ def test_values_are_loaded_by_their_columns_loaders() -> None:
                                 loaders=LOADERS, idx=3))
     assert change == Change("insert", "public", "orders", ("id",),
                             {"id": 7, "amount": Decimal("12.50"), "day": dt.date(2024, 2, 29), "note": "x"}, None,
-                            22150152, 3, TS, 4711)
+                            22150152, 3, TS, 4711, pks=("7",))
 
 
 def test_what_python_cannot_hold_stays_its_exact_text() -> None:
@@ -39,11 +39,37 @@ def test_null_and_unchanged_toast_pass_as_they_are() -> None:
     assert change.new == {"id": 1, "note": None, "body": UNCHANGED_TOAST}
 
 
-def test_a_key_only_old_row_reports_the_identity_columns_only() -> None:
+def test_a_key_only_old_row_of_a_delete_has_every_column_the_others_null() -> None:
+    """Sequin's record of a delete under REPLICA IDENTITY DEFAULT."""
     change = convert(raw_change("delete", columns=("note",), old={"id": b"7"}, old_is_key=True, loaders=LOADERS))
-    assert change.old == {"id": 7} and change.new is None
+    assert change.old == {"note": None, "id": 7} and change.new is None
     full = convert(raw_change("delete", old={"id": b"7", "note": None}, loaders=LOADERS))
     assert full.old == {"id": 7, "note": None}  # a full old row: NULL is NULL
+
+
+def test_a_key_only_old_row_of_an_update_reports_the_identity_columns_only() -> None:
+    """The other columns' old values are unknown, not NULL: changes must not claim they were."""
+    change = convert(raw_change("update", columns=("note",), new={"id": b"8", "note": b"x"}, old={"id": b"7"},
+                                old_is_key=True, loaders=LOADERS))
+    assert change.old == {"id": 7}
+
+
+def test_pks_are_the_key_texts_in_column_order_from_the_new_row_or_a_deletes_old_row() -> None:
+    """Sequin's record_pks: the primary key's values as Postgres prints them, ordered by column."""
+    change = convert(raw_change(key=("b", "a"), columns=("a", "x", "b"), new={"a": b"1", "b": b"2020-01-01"}))
+    assert change.pks == ("1", "2020-01-01")
+    moved = convert(raw_change("update", new={"id": b"8"}, old={"id": b"7"}, old_is_key=True))
+    assert moved.pks == ("8",)
+    deleted = convert(raw_change("delete", old={"id": b"7"}, old_is_key=True))
+    assert deleted.pks == ("7",)
+    toasted = convert(raw_change("update", new={"id": UNCHANGED_TOAST}, old={"id": b"long"}))
+    assert toasted.pks == ("long",)
+    assert convert(raw_change(key=(), new={"note": b"x"})).pks == ()
+
+
+def test_annotations_pass_through() -> None:
+    raw = raw_change()._replace(annotations=b'{"a": 1}')
+    assert convert(raw).annotations == b'{"a": 1}'
 
 
 def test_converting_feeds_a_step_with_the_converted_change() -> None:

@@ -41,8 +41,8 @@ class FakeRunner:
     def take(self, backfill: str, chunk: int) -> Chunk | None:
         return self.chunks.pop((backfill, chunk), None)
 
-    def key_columns(self, backfill: str) -> tuple[str, ...]:
-        return ("id",)
+    def described(self, backfill: str) -> tuple[tuple[str, ...], str | None]:
+        return ("id",), None
 
     def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
         self.emitted_calls.append((backfill, chunk, rows, accepted))

@@ -189,7 +189,7 @@ def test_a_new_relation_version_applies_to_later_changes_only() -> None:
     assert before.table.columns == ("id", "note") and after.table.columns == ("id", "note", "extra")
 
 
-def test_truncate_is_one_change_per_table_and_types_reach_the_catalog() -> None:
+def test_truncate_is_one_change_per_table_at_one_index_and_types_reach_the_catalog() -> None:
     catalog = FakeCatalog()
     decoder = Decoder(catalog, ResumePoint())
     other = ref.Relation(None, 16401, "public", "other", "d", (ref.Column(1, "id", 23, -1),))
@@ -198,7 +198,7 @@ def test_truncate_is_one_change_per_table_and_types_reach_the_catalog() -> None:
         decoder.feed(message)
     truncated = changes(decoder.take()[0])
     assert [(c.action, c.table.name, c.commit_idx) for c in truncated] == [("truncate", "orders", 0),
-                                                                          ("truncate", "other", 1)]
+                                                                          ("truncate", "other", 0)]
     assert catalog.types == [relations.TypeName(16500, "", "int4")]
 
 
@@ -210,6 +210,40 @@ def test_logical_messages_go_to_the_callback_and_are_not_changes() -> None:
     decoder.feed(xlog(ref.Message(None, False, 1200, "other", b"x")))
     assert seen == [("walflow.heartbeat", b"{}"), ("other", b"x")]
     assert decoder.take()[0] == [1100]
+
+
+def test_commit_idx_counts_every_message_of_the_transaction_as_sequin_does() -> None:
+    """Insert, Update, Delete, Truncate and transactional messages each take an index
+    (Sequin's slot_producer.ex); Relation, Type and Origin do not."""
+    insert = ref.Insert(None, 16400, text("1", "a"))
+    _, items = run([xlog(ORDERS), *transaction(
+        1000, 1100,
+        insert,
+        ref.Message(None, True, 1000, "someone.else", b"x"),
+        ref.Relation(None, 16400, "public", "orders", "d", ORDERS.columns),
+        insert,
+        ref.Truncate(None, (16400,), False, False),
+        ref.Origin(5, "upstream"),
+        insert,
+    )])
+    assert [(c.action, c.commit_idx) for c in changes(items)] == [("insert", 0), ("insert", 2), ("truncate", 3),
+                                                                  ("insert", 4)]
+
+
+def test_transaction_annotations_apply_to_the_changes_after_them_until_cleared() -> None:
+    insert = ref.Insert(None, 16400, text("1", "a"))
+    set_ = "sequin:transaction_annotations.set"
+    _, items = run([xlog(ORDERS), *transaction(
+        1000, 1100,
+        insert,
+        ref.Message(None, True, 1000, set_, b'{"by": "ops"}'),
+        insert,
+        ref.Message(None, True, 1000, "sequin:transaction_annotations.clear", b""),
+        insert,
+    ), *transaction(2000, 2100, ref.Message(None, True, 2000, set_, b'{"n": 2}'), insert),
+        *transaction(3000, 3100, insert)])
+    assert [(c.commit_lsn, c.commit_idx, c.annotations) for c in changes(items)] == [
+        (1000, 0, None), (1000, 2, b'{"by": "ops"}'), (1000, 4, None), (2000, 1, b'{"n": 2}'), (3000, 0, None)]
 
 
 @pytest.mark.parametrize(
@@ -356,6 +390,7 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
     marked = resume.lsn
     txn: tuple[int, datetime, int] | None = None
     idx = emitted = 0
+    annotations: bytes | None = None
 
     def mark(lsn: int) -> None:
         nonlocal marked
@@ -377,7 +412,7 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
             if isinstance(msg, ref.Begin):
                 assert txn is None
                 txn = (msg.final_lsn, pg_timestamp(msg.commit_ts), msg.xid)
-                idx, emitted = 0, resume.emitted_up_to(msg.final_lsn)
+                idx, emitted, annotations = 0, resume.emitted_up_to(msg.final_lsn), None
             elif isinstance(msg, ref.Commit):
                 assert txn is not None and msg.flags == 0 and msg.commit_lsn == txn[0]
                 txn = None
@@ -403,12 +438,19 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
                     action = {ref.Insert: "insert", ref.Update: "update", ref.Delete: "delete",
                               ref.Truncate: "truncate"}[type(msg)]
                     if idx > emitted:
-                        out.append(RawChange(action, table, new, old, old_is_key, txn[0], idx, txn[1], txn[2]))  # type: ignore[arg-type]
+                        out.append(RawChange(action, table, new, old, old_is_key, txn[0], idx, txn[1], txn[2],  # type: ignore[arg-type]
+                                             None, annotations))
                         values = (0 if new is None else ncols) + (0 if old is None else ncols)
                         size += change_memory(len(data), values)
-                    idx += 1  # noqa: SIM113 - it counts across messages
+                idx += 1  # one index per message, as Sequin counts commit_idx
             elif isinstance(msg, ref.Message):
                 assert not msg.transactional or txn is not None
+                if msg.transactional:
+                    idx += 1
+                    if msg.prefix == "sequin:transaction_annotations.set":
+                        annotations = msg.content
+                    elif msg.prefix == "sequin:transaction_annotations.clear":
+                        annotations = None
             elif isinstance(msg, ref.Origin):
                 assert txn is not None
             else:
