@@ -1,21 +1,25 @@
 """The idempotency-id scheme: one encoder and one decoder, shared by the envelope and the replay scan.
 
-An id is standard base64 of ``"<database>/<sink>/<lsn>:<idx>"``, database and sink names
-escaped as subject tokens (:mod:`core.tokens`, so they hold no ``/`` and the text is
-unambiguous). It names one change of one sink of one database, from names in the config
-and the change's position only, so a replay produces the same id: JetStream drops the copy
-by ``Nats-Msg-Id``, and after a restart the sink finds what is already stored by decoding
-the ids it reads back.
+walflow's form (``msg_id: walflow``, the default): standard base64 of
+``"<database>/<sink>/<lsn>:<idx>"``, database and sink names escaped as subject tokens
+(:mod:`core.tokens`, so they hold no ``/`` and the text is unambiguous). It names one
+change of one sink of one database, from names in the config and the change's position
+only, so a replay produces the same id: JetStream drops the copy by ``Nats-Msg-Id``, and
+after a restart the sink finds what is already stored by decoding the ids it reads back.
+Sinks and databases can share a stream.
 
-A backfill's ``read`` is named by the backfill and the row instead of a position:
-``"<database>/<sink>/read/<backfill id>/<row key>"``. A chunk that is read again after a
-crash may hold other rows at other positions, but every row it shares with the first read
-gets the same id, so the stream keeps one copy (:class:`core.events.ReadOf`). Such ids
-name no position: :meth:`IdScheme.decode` returns None for them.
+Sequin's form (``msg_id: sequin``): standard base64 of ``"<lsn>:<idx>"``, exactly Sequin's
+``idempotency_key``, so that Sequin and walflow publishing the same changes into one
+stream during a cutover have JetStream drop the overlap. It names a position only: two
+sinks, or two databases, publishing it into one stream would have JetStream drop each
+other's messages as duplicates (the sink refuses to start so: ``connectors/nats/sink.py``),
+and the replay scan can tell this sink's messages only by their subjects.
 
-Sequin's key (``Base64("<lsn>:<idx>")``) is unique only within one sink of one database:
-two sinks or two databases publishing into one stream would have JetStream drop each
-other's messages as duplicates.
+A backfill's ``read`` is named by the backfill and the row instead of a position, in both
+forms: ``"<database>/<sink>/read/<backfill id>/<row key>"``. A chunk that is read again
+after a crash may hold other rows at other positions, but every row it shares with the
+first read gets the same id, so the stream keeps one copy (:class:`core.events.ReadOf`).
+Such ids name no position: :meth:`IdScheme.decode` returns None for them.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from __future__ import annotations
 from binascii import Error as Base64Error
 from binascii import a2b_base64, b2a_base64
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic_core import PydanticSerializationError, to_json
 
 from core.events import Position, RawValue
 from core.tokens import escape_token
+
+#: Which form a sink's change ids take (``destination.msg_id``).
+IdForm = Literal["walflow", "sequin"]
 
 
 def row_key(texts: Sequence[RawValue | object]) -> str:
@@ -40,15 +48,17 @@ def row_key(texts: Sequence[RawValue | object]) -> str:
 
 
 class IdScheme:
-    """The ids of one sink of one database."""
+    """The ids of one sink of one database, in the form its ``destination.msg_id`` names."""
 
-    __slots__ = ("_prefix_bytes", "_read_prefix", "prefix")
+    __slots__ = ("_prefix_bytes", "_read_prefix", "msg_id", "prefix")
 
-    def __init__(self, database: str, sink: str) -> None:
-        #: What every id of this sink starts with, before base64.
-        self.prefix = f"{escape_token(database)}/{escape_token(sink)}/"
+    def __init__(self, database: str, sink: str, msg_id: IdForm = "walflow") -> None:
+        self.msg_id: IdForm = msg_id
+        names = f"{escape_token(database)}/{escape_token(sink)}/"
+        #: What every change id of this sink starts with, before base64 (nothing in Sequin's form).
+        self.prefix = names if msg_id == "walflow" else ""
         self._prefix_bytes = self.prefix.encode()
-        self._read_prefix = self._prefix_bytes + b"read/"
+        self._read_prefix = names.encode() + b"read/"  # reads name the sink in both forms
 
     def encode(self, lsn: int, idx: int) -> bytes:
         """The id of the change at ``(lsn, idx)``, as ASCII bytes (it goes into the payload as is)."""
@@ -70,7 +80,10 @@ class IdScheme:
             return b""
 
     def decode(self, msg_id: str) -> Position | None:
-        """The position an id of this sink names; None for anyone else's id (or none at all)."""
+        """The position an id of this sink names; None for anyone else's id (or none at all).
+
+        In Sequin's form every ``base64("<lsn>:<idx>")`` is taken for this sink's: only the
+        subject it was read from can tell (the replay scan reads this sink's subjects only)."""
         text = self._text(msg_id)
         prefix = self._prefix_bytes
         if not text.startswith(prefix):
