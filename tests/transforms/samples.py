@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from config.schema import SinkConfig
+from config.schema import DatabaseConfig, SinkConfig
 from core.events import Action, Loader, RawChange, RawValue, Table
 
 TS = dt.datetime(2026, 11, 30, 4, 0, 0, 123456, tzinfo=dt.UTC)
@@ -18,6 +18,19 @@ def make_sink(**fields: Any) -> SinkConfig:
     """A sink as the config loader builds it; ``fields`` override the defaults."""
     base: dict[str, Any] = {"name": "app-to-nats", "database": "app", "destination": {"type": "nats", "host": "nats"}}
     return SinkConfig.model_validate({**base, **fields})
+
+
+def make_database(**fields: Any) -> DatabaseConfig:
+    """A database as the config loader builds it (the one :func:`make_sink` reads from);
+    ``fields`` override the defaults."""
+    base: dict[str, Any] = {
+        "name": "app",
+        "hostname": "db.internal",
+        "database": "app",
+        "slot": {"name": "walflow_app"},
+        "publication": {"name": "walflow_app"},
+    }
+    return DatabaseConfig.model_validate({**base, **fields})
 
 
 def raw_change(

@@ -1,11 +1,17 @@
-"""The envelope on hand-made changes: Sequin's payload, byte for byte, and the idempotency id; no servers."""
+"""The envelope on hand-made changes: Sequin's payload, field for field, and the idempotency id; no servers.
+
+Payloads are compared after ``json.loads`` (what a consumer sees; key order does not
+matter), except :func:`test_insert_payload_is_exactly_these_bytes`, which pins the bytes
+so that a formatting regression shows.
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 import json
+import logging
+import math
 import pickle
 import re
 import uuid
@@ -15,13 +21,22 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from psycopg.types.multirange import Multirange
-from psycopg.types.range import Range
 
-from core.events import UNCHANGED_TOAST, Action, Change, Message, Row
+from config.schema import DatabaseConfig, SinkConfig
+from core.events import UNCHANGED_TOAST, Action, Change, Message, ReadOf, Row
 from core.ids import IdScheme
-from tests.transforms.samples import TS, TS_US, make_sink
-from transforms.envelope import Envelope, iso_duration, pg_text
+from tests.transforms.samples import TS, TS_US, make_database, make_sink
+from transforms.envelope import Envelope, derived_id
+
+#: The ids ``make_sink()`` and ``make_database()`` get without an ``id``: pinned, since
+#: consumers may store them ("stable across runs and machines", and across versions).
+CONSUMER_ID = "65fb11bb-2cbf-5f01-823e-6619e7793f5d"
+DATABASE_ID = "ad91d6b8-27cf-59bd-8e48-a9da96681be0"
+
+ROW: Row = {"id": 7, "status": "paid", "amount": Decimal("12.50")}
+ROW_JSON: dict[str, Any] = {"id": 7, "status": "paid", "amount": "12.50"}
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def make_change(
@@ -35,153 +50,321 @@ def make_change(
     lsn: int = 22150152,
     idx: int = 0,
     ts: dt.datetime = TS,
+    read: ReadOf | None = None,
+    annotations: bytes | None = None,
+    pks: tuple[str, ...] = ("7",),
 ) -> Change:
-    if new is None and action in ("insert", "update"):
-        new = {"id": 7, "status": "paid", "amount": Decimal("12.50")}
-    return Change(action, schema, table, key, new, old, lsn, idx, ts, 4711)
+    """A converted change as :func:`transforms.convert.convert` hands it to the envelope."""
+    if new is None and action in ("insert", "update", "read"):
+        new = dict(ROW)
+    return Change(action, schema, table, key, new, old, lsn, idx, ts, 4711, read, annotations, pks)
 
 
-def _idempotency_key(text: str) -> str:
+def envelope(sink: SinkConfig | None = None, database: DatabaseConfig | None = None) -> Envelope:
+    return Envelope(sink or make_sink(), database or make_database())
+
+
+def render(change: Change, sink: SinkConfig | None = None, database: DatabaseConfig | None = None) -> Any:
+    """The payload of ``change`` as a consumer parses it; a bare ``NaN``/``Infinity`` token fails the test."""
+    payload = envelope(sink, database)(change).payload
+    return json.loads(payload, parse_constant=lambda name: pytest.fail(f"bare {name} in {payload!r}"))
+
+
+def record(value: Any, sink: SinkConfig | None = None) -> Any:
+    """How ``value`` appears in ``record`` as column ``v``."""
+    return render(make_change(new={"id": 1, "v": value}), sink)["record"]["v"]
+
+
+def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _payload(message_payload: bytes) -> Any:
-    return json.loads(message_payload)
+# -- the payload's shape -----------------------------------------------------------------
 
 
-def test_insert_payload_is_exactly_sequins_shape() -> None:
-    message = Envelope(make_sink(), "app")(make_change(idx=3))
-    key = _idempotency_key("app/app-to-nats/22150152:3")
+def test_insert_payload_is_exactly_these_bytes() -> None:
+    message = envelope()(make_change(idx=3))
+    key = _b64("app/app-to-nats/22150152:3")
     assert message.payload == (
         b'{"record":{"id":7,"status":"paid","amount":"12.50"},"changes":null,"action":"insert",'
         b'"metadata":{"database_name":"app","table_schema":"public","table_name":"orders",'
         b'"commit_timestamp":"2026-11-30T04:00:00.123456Z","commit_lsn":22150152,"commit_idx":3,'
-        b'"idempotency_key":"' + key.encode() + b'","consumer":{"name":"app-to-nats"}}}'
+        b'"idempotency_key":"' + key.encode() + b'","record_pks":["7"],"transaction_annotations":null,'
+        b'"enrichment":null,'
+        b'"consumer":{"id":"' + CONSUMER_ID.encode() + b'","name":"app-to-nats","annotations":{}},'
+        b'"database":{"id":"' + DATABASE_ID.encode() + b'","name":"app","annotations":{},"database":"app",'
+        b'"hostname":"db.internal"}}}'
     )
     assert message == Message("public", "orders", "insert", message.payload, key)  # names, no subject
     assert message.msg_id == key
 
 
-def test_update_with_full_old_row_reports_the_changed_columns() -> None:
-    """The contract's example: REPLICA IDENTITY FULL, status changed from 'new' to 'paid'."""
-    old = {"id": 7, "status": "new", "amount": Decimal("12.50")}
-    message = Envelope(make_sink(), "app")(make_change("update", old=old))
-    payload = _payload(message.payload)
-    assert payload["record"] == {"id": 7, "status": "paid", "amount": "12.50"}
-    assert payload["changes"] == {"status": "new"}
-    assert payload["action"] == "update"
-    assert list(payload) == ["record", "changes", "action", "metadata"]
+def test_the_contracts_update_example_field_for_field() -> None:
+    """``shared/CONTRACT.md``'s example: REPLICA IDENTITY FULL, status changed from 'new' to 'paid'."""
+    message = envelope()(make_change("update", old=dict(ROW, status="new")))
+    assert json.loads(message.payload) == {
+        "record": {"id": 7, "status": "paid", "amount": "12.50"},
+        "changes": {"status": "new"},
+        "action": "update",
+        "metadata": {
+            "database_name": "app",
+            "table_schema": "public",
+            "table_name": "orders",
+            "commit_timestamp": "2026-11-30T04:00:00.123456Z",
+            "commit_lsn": 22150152,
+            "commit_idx": 0,
+            "idempotency_key": _b64("app/app-to-nats/22150152:0"),
+            "record_pks": ["7"],
+            "transaction_annotations": None,
+            "enrichment": None,
+            "consumer": {"id": CONSUMER_ID, "name": "app-to-nats", "annotations": {}},
+            "database": {"id": DATABASE_ID, "name": "app", "annotations": {}, "database": "app",
+                         "hostname": "db.internal"},
+        },
+    }
     assert (message.schema, message.table, message.action) == ("public", "orders", "update")
 
 
-def test_update_without_old_row_has_null_changes() -> None:
-    payload = _payload(Envelope(make_sink(), "app")(make_change("update")).payload)
-    assert payload["changes"] is None
-    assert payload["record"] == {"id": 7, "status": "paid", "amount": "12.50"}
+@pytest.mark.parametrize("action", ["insert", "update", "delete", "read"])
+def test_every_action_has_exactly_sequins_keys(action: Action) -> None:
+    old = dict(ROW) if action == "delete" else None
+    read = ReadOf("app-to-nats", "b1", '["7"]') if action == "read" else None
+    payload = render(make_change(action, old=old, read=read))
+    assert list(payload) == ["record", "changes", "action", "metadata"]
+    assert payload["action"] == action
+    metadata = payload["metadata"]
+    assert set(metadata) == {
+        "database_name", "table_schema", "table_name", "commit_timestamp", "commit_lsn", "commit_idx",
+        "idempotency_key", "record_pks", "transaction_annotations", "enrichment", "consumer", "database",
+    }
+    assert set(metadata["consumer"]) == {"id", "name", "annotations"}
+    assert set(metadata["database"]) == {"id", "name", "annotations", "database", "hostname"}
+    assert metadata["enrichment"] is None
+
+
+def test_metadata_fields_come_from_the_change_sink_and_database() -> None:
+    sink = make_sink(name="s2", database="crm", id="1c9f0e5e-sink", annotations={"team": "billing", "tier": 1})
+    database = make_database(name="crm", id="5d2a-db", annotations={"env": ["prod"]}, database="crm_prod",
+                             hostname="pg.example.com")
+    change = make_change(schema="sales", table="line_items", lsn=2**40 + 5, idx=12, ts=dt.datetime(2026, 1, 2, 3, 4, 5,
+                         120000, tzinfo=dt.UTC), annotations=b'{"user": "yahya"}', pks=("7", "x y"))
+    assert render(change, sink, database)["metadata"] == {
+        "database_name": "crm",
+        "table_schema": "sales",
+        "table_name": "line_items",
+        "commit_timestamp": "2026-01-02T03:04:05.120000Z",
+        "commit_lsn": 2**40 + 5,
+        "commit_idx": 12,
+        "idempotency_key": _b64(f"crm/s2/{2**40 + 5}:12"),
+        "record_pks": ["7", "x y"],
+        "transaction_annotations": {"user": "yahya"},
+        "enrichment": None,
+        "consumer": {"id": "1c9f0e5e-sink", "name": "s2", "annotations": {"team": "billing", "tier": 1}},
+        "database": {"id": "5d2a-db", "name": "crm", "annotations": {"env": ["prod"]}, "database": "crm_prod",
+                     "hostname": "pg.example.com"},
+    }
+
+
+def test_names_are_cached_per_table_and_action_without_mixing_them_up() -> None:
+    step = envelope()
+    changes = [
+        make_change(),
+        make_change("delete", old=dict(ROW)),
+        make_change(schema="sales"),
+        make_change(table="items"),
+        make_change("update"),
+        make_change(),
+    ]
+    seen = [(p["action"], p["metadata"]["table_schema"], p["metadata"]["table_name"])
+            for p in (json.loads(step(c).payload) for c in changes)]
+    assert seen == [("insert", "public", "orders"), ("delete", "public", "orders"), ("insert", "sales", "orders"),
+                    ("insert", "public", "items"), ("update", "public", "orders"), ("insert", "public", "orders")]
+
+
+def test_message_carries_the_names_unescaped_for_the_sink_to_address() -> None:
+    message = envelope()(make_change("delete", schema="Sales", table="line.items", old={"id": 1}))
+    assert (message.schema, message.table, message.action) == ("Sales", "line.items", "delete")
+    metadata = json.loads(message.payload)["metadata"]
+    assert (metadata["table_schema"], metadata["table_name"]) == ("Sales", "line.items")
+
+
+# -- record and changes ------------------------------------------------------------------
+
+
+def test_insert_and_read_have_the_new_row_and_null_changes() -> None:
+    for action in ("insert", "read"):
+        payload = render(make_change(action, read=ReadOf("s", "b", "[7]") if action == "read" else None))
+        assert payload["record"] == ROW_JSON
+        assert payload["changes"] is None
+
+
+def test_update_with_full_old_row_reports_the_changed_columns() -> None:
+    old = {"id": 7, "status": "new", "amount": Decimal("0.00000001")}
+    payload = render(make_change("update", old=old))
+    assert payload["record"] == ROW_JSON
+    assert payload["changes"] == {"status": "new", "amount": "0.00000001"}  # old values, rendered as values
+
+
+def test_update_without_old_row_has_empty_changes_not_null() -> None:
+    message = envelope()(make_change("update"))
+    assert b'"changes":{},' in message.payload
+    payload = json.loads(message.payload)
+    assert payload["changes"] == {}
+    assert payload["record"] == ROW_JSON
 
 
 def test_update_that_changed_the_key_reports_the_old_key() -> None:
-    change = make_change("update", new={"id": 8, "status": "paid"}, old={"id": 7})
-    payload = _payload(Envelope(make_sink(), "app")(change).payload)
+    change = make_change("update", new={"id": 8, "status": "paid"}, old={"id": 7}, pks=("8",))
+    payload = render(change)
     assert payload["changes"] == {"id": 7}
     assert payload["record"] == {"id": 8, "status": "paid"}
+    assert payload["metadata"]["record_pks"] == ["8"]
 
 
 def test_full_update_that_changed_nothing_has_empty_changes() -> None:
-    row = {"id": 7, "x": float("nan"), "n": Decimal("NaN"), "s": "same"}
-    change = make_change("update", new=row, old=dict(row, x=float("nan")))
-    assert _payload(Envelope(make_sink(), "app")(change).payload)["changes"] == {}
+    row = {"id": 7, "x": float("nan"), "n": Decimal("NaN"), "s": "same", "d": Decimal("1.0")}
+    change = make_change("update", new=row, old=dict(row, x=float("nan"), n=Decimal("NaN"), d=Decimal("1.0")))
+    assert render(change)["changes"] == {}
+
+
+def test_a_column_that_became_nan_or_stopped_being_nan_changed() -> None:
+    new = {"id": 7, "x": float("nan"), "n": Decimal(1), "y": 2.0}
+    old = {"id": 7, "x": 1.5, "n": Decimal("NaN"), "y": float("nan")}
+    assert render(make_change("update", new=new, old=old))["changes"] == {"x": 1.5, "n": "NaN", "y": "NaN"}
+
+
+def test_a_column_that_became_null_changed_and_its_old_value_is_reported() -> None:
+    new = {"id": 7, "a": None, "b": 1}
+    old = {"id": 7, "a": "x", "b": None}
+    assert render(make_change("update", new=new, old=old))["changes"] == {"a": "x", "b": None}
+
+
+@pytest.mark.xfail(strict=True, reason="envelope bug: _differs treats NaN as equal to NaN only for scalars; an "
+                   "array holding NaN that stayed the same ([nan] != [nan] in Python) is reported as changed")
+def test_an_array_holding_nan_that_stayed_the_same_did_not_change() -> None:
+    row = {"id": 7, "f": [1.0, float("nan")], "d": [Decimal("NaN")], "s": "new"}
+    change = make_change("update", new=row, old=dict(row, f=[1.0, float("nan")], d=[Decimal("NaN")], s="old"))
+    assert render(change)["changes"] == {"s": "old"}
 
 
 def test_unchanged_toast_under_full_identity_is_filled_from_the_old_row() -> None:
     big = "x" * 10_000
     change = make_change(
         "update",
-        new={"id": 7, "status": "paid", "body": UNCHANGED_TOAST},
-        old={"id": 7, "status": "new", "body": big},
+        new={"id": 7, "status": "paid", "body": UNCHANGED_TOAST, "n": UNCHANGED_TOAST},
+        old={"id": 7, "status": "new", "body": big, "n": Decimal("1E-8")},
     )
-    payload = _payload(Envelope(make_sink(), "app")(change).payload)
-    assert payload["record"] == {"id": 7, "status": "paid", "body": big}
-    assert payload["changes"] == {"status": "new"}  # body: not known to have changed, left out
+    payload = render(change)
+    assert payload["record"] == {"id": 7, "status": "paid", "body": big, "n": "0.00000001"}  # detoasted, rendered
+    assert payload["changes"] == {"status": "new"}  # body, n: not known to have changed, left out
 
 
 def test_unchanged_toast_without_old_value_is_sequins_marker() -> None:
+    step = envelope()
     default = make_change("update", new={"id": 7, "body": UNCHANGED_TOAST})
+    assert json.loads(step(default).payload)["record"] == {"id": 7, "body": "unchanged_toast"}
     key_change = make_change("update", new={"id": 8, "body": UNCHANGED_TOAST}, old={"id": 7})
-    envelope = Envelope(make_sink(), "app")
-    assert _payload(envelope(default).payload)["record"] == {"id": 7, "body": "unchanged_toast"}
-    payload = _payload(envelope(key_change).payload)
+    payload = json.loads(step(key_change).payload)
     assert payload["record"] == {"id": 8, "body": "unchanged_toast"}
     assert payload["changes"] == {"id": 7}
 
 
-def test_delete_under_default_identity_holds_only_the_key() -> None:
-    message = Envelope(make_sink(), "app")(make_change("delete", old={"id": 7}))
-    assert message.payload.startswith(b'{"record":{"id":7},"changes":null,"action":"delete","metadata":{')
+def test_delete_under_default_identity_is_the_old_row_the_converter_filled() -> None:
+    """convert fills the columns Postgres did not send with None (Sequin's record): the envelope renders old as is."""
+    message = envelope()(make_change("delete", old={"id": 7, "status": None, "amount": None}))
+    assert message.payload.startswith(
+        b'{"record":{"id":7,"status":null,"amount":null},"changes":null,"action":"delete","metadata":{'
+    )
     assert (message.schema, message.table, message.action) == ("public", "orders", "delete")
 
 
 def test_delete_under_full_identity_holds_the_whole_row() -> None:
-    old = {"id": 7, "status": "paid", "note": None}
-    payload = _payload(Envelope(make_sink(), "app")(make_change("delete", old=old)).payload)
-    assert payload["record"] == {"id": 7, "status": "paid", "note": None}
+    old = {"id": 7, "status": "paid", "amount": Decimal("12.50"), "at": dt.datetime(2024, 1, 2, 3, 4, 5), "note": None}
+    payload = render(make_change("delete", old=old))
+    assert payload["record"] == {"id": 7, "status": "paid", "amount": "12.50", "at": "2024-01-02T03:04:05.000000",
+                                 "note": None}
     assert payload["changes"] is None
+    assert payload["action"] == "delete"
 
 
 def test_truncate_has_no_envelope() -> None:
     with pytest.raises(ValueError, match="SinkFilter"):
-        Envelope(make_sink(), "app")(make_change("truncate", new={}))
+        envelope()(make_change("truncate", new={}))
 
 
 def test_the_change_itself_is_left_untouched() -> None:
-    row = {"id": 7, "i": dt.timedelta(hours=1), "b": b"\x00", "t": UNCHANGED_TOAST}
-    change = make_change("update", new=row)
-    Envelope(make_sink(), "app")(change)
-    assert change.new == {"id": 7, "i": dt.timedelta(hours=1), "b": b"\x00", "t": UNCHANGED_TOAST}
+    new = {"id": 7, "n": Decimal("1E-8"), "at": dt.datetime(2024, 1, 2, tzinfo=dt.UTC), "t": UNCHANGED_TOAST,
+           "ns": [Decimal("1E-8"), None], "ats": [[dt.datetime(2024, 1, 2)]], "i": {"months": 1, "days": 0,
+                                                                                   "microseconds": 0}}
+    old = {"id": 7, "n": Decimal("2E-8"), "at": dt.datetime(2024, 1, 3, tzinfo=dt.UTC), "t": "toasted",
+           "ns": [Decimal("2E-8")], "ats": [[dt.datetime(2024, 1, 3)]], "i": {"months": 2, "days": 0,
+                                                                            "microseconds": 0}}
+    change = make_change("update", new=new, old=old, annotations=b'{"a": 1}')
+    before = pickle.dumps(change)
+    for sink in (make_sink(), make_sink(timestamp_format="unix_microsecond"), make_sink(message_kind="record")):
+        Envelope(sink, make_database())(change)
+    assert pickle.dumps(change) == before
+    assert change.new is new and change.new["t"] is UNCHANGED_TOAST
+    assert type(change.new["n"]) is Decimal and type(change.old["ats"][0][0]) is dt.datetime  # type: ignore[index]
 
+
+def test_a_row_that_needs_no_rewriting_is_rendered_as_is() -> None:
+    row = {"id": 7, "s": "x", "f": 1.5, "b": False, "j": {"a": [1, None, "z"]}, "l": ["a", None], "e": [], "z": None}
+    assert render(make_change(new=row))["record"] == row
+
+
+# -- values ------------------------------------------------------------------------------
 
 EVERY_TYPE: Row = {
     "c_smallint": 32767,
     "c_bigint": 9223372036854775807,
     "c_numeric": Decimal("1234567890.123456789012345678901234567890"),
     "c_numeric_scale": Decimal("0.00000000"),
+    "c_numeric_tiny": Decimal("1E-8"),
     "c_numeric_nan": Decimal("NaN"),
+    "c_numeric_inf": Decimal("Infinity"),
+    "c_numeric_array": [Decimal("1.10"), None, Decimal("-1E-20")],
     "c_real": 1.5,
     "c_double": 0.1,
     "c_nan": float("nan"),
-    "c_inf": float("-inf"),
+    "c_inf": float("inf"),
+    "c_minus_inf": float("-inf"),
     "c_bool": True,
     "c_text": 'héllo ✓ \\ "quoted"\n\u2028',
-    "c_bytea": b"\xfb\xff\xbf\x00",
+    "c_bytea": "\\xfbffbf00",  # the source loads Postgres's hex text
+    "c_bytea_array": [None, "\\xfbff", "\\x61"],
     "c_date": dt.date(2024, 2, 29),
     "c_time": dt.time(23, 59, 59, 999999),
     "c_timetz": dt.time(12, 0, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))),
     "c_ts": dt.datetime(2024, 1, 2, 3, 4, 5, 123456),
-    "c_tstz": dt.datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=dt.UTC),
-    "c_interval": dt.timedelta(days=428, seconds=14706, microseconds=789000),
+    "c_ts_whole": dt.datetime(2024, 1, 2, 3, 4, 5),
+    "c_tstz": dt.datetime(2024, 1, 2, 1, 4, 5, 120000, tzinfo=dt.UTC),
+    "c_tstz_whole": dt.datetime(2024, 1, 2, 1, 4, 5, tzinfo=dt.UTC),
+    "c_tstz_array": [None, dt.datetime(2024, 1, 2, tzinfo=dt.UTC), dt.datetime(2024, 1, 2, 0, 0, 0, 1, tzinfo=dt.UTC)],
+    "c_interval": {"months": 14, "days": 3, "microseconds": 14706789000},
+    "c_interval_array": [{"months": 0, "days": 0, "microseconds": -1}, None],
     "c_uuid": uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
     "c_json": {"a": [1, 2.5, None]},
     "c_jsonb": {"b": {"c": "d"}, "n": 12345678901234567890},
     "c_json_array": [{"x": 1}, [1, 2], "s"],
-    "c_inet": ipaddress.ip_interface("192.168.0.1/24"),
-    "c_cidr": ipaddress.ip_network("10.0.0.0/8"),
-    "c_inet6": ipaddress.ip_address("::1"),
+    "c_inet": "192.168.0.1/24",
+    "c_inet_mapped": "::ffff:1.2.3.4",
+    "c_cidr": "10.0.0.0/8",
     "c_macaddr": "08:00:2b:01:02:03",
     "c_int_array": [1, None, 3],
     "c_int_matrix": [[1, 2], [3, 4]],
     "c_text_array": ["a,b", 'c"d', None],
-    "c_bytea_array": [None, b"\xfb\xff", b"a"],
-    "c_interval_array": [dt.timedelta(hours=1), None],
+    "c_empty_array": [],
     "c_mood": "happy",
-    "c_int4range": Range(1, 10, "[)"),
-    "c_tstzrange": Range(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), dt.datetime(2024, 2, 1, tzinfo=dt.UTC), "[)"),
-    "c_floatrange": Range(1.5, 2.5, "[]"),
-    "c_emptyrange": Range(empty=True),
-    "c_range_array": [Range(1, 3), Range(5, None)],
-    "c_multirange": Multirange([Range(1, 3), Range(5, 7)]),
+    "c_int4range": "[1,10)",
+    "c_tstzrange": '["2024-01-01 00:00:00+00","2024-02-01 00:00:00+00")',
+    "c_emptyrange": "empty",
+    "c_range_array": ["[1,3)", "[5,)"],
+    "c_multirange": "{[1,3),[5,7)}",
+    "c_int2vector": "1 2 3",
     "c_point": "(1,2)",
     "c_pair": '(7,"x y")',
-    "c_infinity_date": "infinity",
+    "c_infinity_date": "infinity",  # convert's text fallback
     "c_null": None,
 }
 
@@ -189,40 +372,49 @@ EVERY_TYPE_JSON: dict[str, Any] = {
     "c_smallint": 32767,
     "c_bigint": 9223372036854775807,
     "c_numeric": "1234567890.123456789012345678901234567890",
+    "c_numeric_scale": "0.00000000",
+    "c_numeric_tiny": "0.00000001",
     "c_numeric_nan": "NaN",
+    "c_numeric_inf": "Infinity",
+    "c_numeric_array": ["1.10", None, "-0.00000000000000000001"],
     "c_real": 1.5,
     "c_double": 0.1,
     "c_nan": "NaN",
-    "c_inf": "-Infinity",
+    "c_inf": "Infinity",
+    "c_minus_inf": "-Infinity",
     "c_bool": True,
     "c_text": 'héllo ✓ \\ "quoted"\n\u2028',
-    "c_bytea": "+/+/AA==",  # standard alphabet, padded
+    "c_bytea": "\\xfbffbf00",
+    "c_bytea_array": [None, "\\xfbff", "\\x61"],
     "c_date": "2024-02-29",
     "c_time": "23:59:59.999999",
     "c_timetz": "12:00:00+05:30",
     "c_ts": "2024-01-02T03:04:05.123456",
-    "c_tstz": "2024-01-02T01:04:05.123456Z",
-    "c_interval": "P428DT4H5M6.789S",
+    "c_ts_whole": "2024-01-02T03:04:05.000000",
+    "c_tstz": "2024-01-02T01:04:05.120000Z",
+    "c_tstz_whole": "2024-01-02T01:04:05.000000Z",
+    "c_tstz_array": [None, "2024-01-02T00:00:00.000000Z", "2024-01-02T00:00:00.000001Z"],
+    "c_interval": {"months": 14, "days": 3, "microseconds": 14706789000},
+    "c_interval_array": [{"months": 0, "days": 0, "microseconds": -1}, None],
     "c_uuid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
     "c_json": {"a": [1, 2.5, None]},
     "c_jsonb": {"b": {"c": "d"}, "n": 12345678901234567890},
     "c_json_array": [{"x": 1}, [1, 2], "s"],
     "c_inet": "192.168.0.1/24",
+    "c_inet_mapped": "::ffff:1.2.3.4",
     "c_cidr": "10.0.0.0/8",
-    "c_inet6": "::1",
     "c_macaddr": "08:00:2b:01:02:03",
     "c_int_array": [1, None, 3],
     "c_int_matrix": [[1, 2], [3, 4]],
     "c_text_array": ["a,b", 'c"d', None],
-    "c_bytea_array": [None, "+/8=", "YQ=="],
-    "c_interval_array": ["PT1H", None],
+    "c_empty_array": [],
     "c_mood": "happy",
     "c_int4range": "[1,10)",
     "c_tstzrange": '["2024-01-01 00:00:00+00","2024-02-01 00:00:00+00")',
-    "c_floatrange": "[1.5,2.5]",
     "c_emptyrange": "empty",
     "c_range_array": ["[1,3)", "[5,)"],
     "c_multirange": "{[1,3),[5,7)}",
+    "c_int2vector": "1 2 3",
     "c_point": "(1,2)",
     "c_pair": '(7,"x y")',
     "c_infinity_date": "infinity",
@@ -231,16 +423,91 @@ EVERY_TYPE_JSON: dict[str, Any] = {
 
 
 def test_every_value_type_round_trips() -> None:
-    payload = _payload(Envelope(make_sink(), "app")(make_change(key=("c_smallint",), new=EVERY_TYPE)).payload)
-    record = payload["record"]
-    scaled = record.pop("c_numeric_scale")
-    assert Decimal(scaled).as_tuple() == Decimal("0.00000000").as_tuple()  # exact, scale included
-    assert record == EVERY_TYPE_JSON
-    assert list(record) == [c for c in EVERY_TYPE if c != "c_numeric_scale"]  # column order kept
-    assert base64.b64decode(record["c_bytea"], validate=True) == EVERY_TYPE["c_bytea"]
-    assert Decimal(record["c_numeric"]) == EVERY_TYPE["c_numeric"]
-    assert dt.datetime.fromisoformat(record["c_tstz"]) == EVERY_TYPE["c_tstz"]
-    assert dt.datetime.fromisoformat(record["c_ts"]) == EVERY_TYPE["c_ts"]
+    payload = render(make_change(key=("c_smallint",), new=EVERY_TYPE, pks=("32767",)))
+    got = payload["record"]
+    assert got == EVERY_TYPE_JSON
+    assert list(got) == list(EVERY_TYPE)  # column order kept
+    assert Decimal(got["c_numeric"]) == EVERY_TYPE["c_numeric"]
+    assert Decimal(got["c_numeric_scale"]).as_tuple() == EVERY_TYPE["c_numeric_scale"].as_tuple()  # scale kept
+    assert dt.datetime.fromisoformat(got["c_tstz"]) == EVERY_TYPE["c_tstz"]
+    assert dt.datetime.fromisoformat(got["c_ts"]) == EVERY_TYPE["c_ts"]
+    assert bytes.fromhex(got["c_bytea"].removeprefix("\\x")) == b"\xfb\xff\xbf\x00"
+
+
+def test_bytea_intervals_and_ranges_pass_through_as_the_source_loaded_them() -> None:
+    row = {
+        "id": 1,
+        "b": "\\x0102",
+        "empty_b": "\\x",
+        "i": {"months": -13, "days": 40, "microseconds": 3_600_000_001},
+        "r": "[1.5,2.5]",
+        "mr": "{}",
+        "rs": ['["2024-01-01 00:00:00",)', "empty"],
+    }
+    message = envelope()(make_change(new=row))
+    assert b'"b":"\\\\x0102"' in message.payload  # one backslash in the string, escaped in JSON
+    assert json.loads(message.payload)["record"] == row
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "2024-01-02T03:04:05.000000Z"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5), "2024-01-02T03:04:05.000000"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 120000, tzinfo=dt.UTC), "2024-01-02T03:04:05.120000Z"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 120000), "2024-01-02T03:04:05.120000"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 1, tzinfo=dt.UTC), "2024-01-02T03:04:05.000001Z"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 999999), "2024-01-02T03:04:05.999999"),
+        (dt.datetime(2024, 1, 2, tzinfo=dt.timezone(dt.timedelta(0))), "2024-01-02T00:00:00.000000Z"),
+        (dt.datetime(1, 1, 1), "0001-01-01T00:00:00.000000"),
+        (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC), "9999-12-31T23:59:59.999999Z"),
+        (dt.datetime(1969, 12, 31, 23, 59, 59, tzinfo=dt.UTC), "1969-12-31T23:59:59.000000Z"),
+    ],
+)
+def test_timestamps_always_have_six_fractional_digits(value: dt.datetime, text: str) -> None:
+    assert record(value) == text
+    assert record([value]) == [text]
+    assert record([None, value, None]) == [None, text, None]
+    assert record([[value], [None]]) == [[text], [None]]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (Decimal("1E-8"), "0.00000001"),
+        (Decimal("0.00000001"), "0.00000001"),
+        (Decimal("-1E-20"), "-0.00000000000000000001"),
+        (Decimal("12.50"), "12.50"),
+        (Decimal("0E-10"), "0.0000000000"),
+        (Decimal("-0"), "-0"),
+        (Decimal(100), "100"),
+        (Decimal("123456789012345678901234567890.000000000000000000001"),
+         "123456789012345678901234567890.000000000000000000001"),
+        (Decimal("NaN"), "NaN"),
+        (Decimal("Infinity"), "Infinity"),
+        (Decimal("-Infinity"), "-Infinity"),
+    ],
+)
+def test_numerics_are_positional_digit_strings(value: Decimal, text: str) -> None:
+    assert record(value) == text
+    assert record([value, None]) == [text, None]
+    assert record([None, [value]]) == [None, [text]]
+    assert record(value, make_sink(timestamp_format="unix_microsecond")) == text
+
+
+@pytest.mark.parametrize(("value", "text"), [(float("nan"), "NaN"), (float("inf"), "Infinity"),
+                                             (float("-inf"), "-Infinity")])
+def test_non_finite_floats_are_strings(value: float, text: str) -> None:
+    assert record(value) == text  # render() fails on a bare NaN/Infinity token
+    assert record([1.0, value]) == [1.0, text]
+
+
+def test_non_finite_annotations_are_strings_as_everywhere_else() -> None:
+    sink = make_sink(annotations={"ratio": float("nan"), "cap": float("inf")})
+    database = make_database(annotations={"floor": float("-inf")})
+    metadata = render(make_change(), sink, database)["metadata"]
+    assert metadata["consumer"]["annotations"] == {"ratio": "NaN", "cap": "Infinity"}
+    assert metadata["database"]["annotations"] == {"floor": "-Infinity"}
 
 
 def test_unknown_objects_fall_back_to_their_text() -> None:
@@ -248,167 +515,249 @@ def test_unknown_objects_fall_back_to_their_text() -> None:
         def __str__(self) -> str:
             return "(0,0),(1,1)"
 
-    payload = _payload(Envelope(make_sink(), "app")(make_change(new={"id": 1, "box": Box()})).payload)
-    assert payload["record"]["box"] == "(0,0),(1,1)"
+    assert record(Box()) == "(0,0),(1,1)"
+    assert record([Box(), None]) == ["(0,0),(1,1)", None]
 
 
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (dt.timedelta(0), "PT0S"),
-        (dt.timedelta(days=3), "P3D"),
-        (dt.timedelta(days=1), "P1D"),
-        (dt.timedelta(hours=1, seconds=5), "PT1H5S"),
-        (dt.timedelta(minutes=90), "PT1H30M"),
-        (dt.timedelta(microseconds=1), "PT0.000001S"),
-        (dt.timedelta(seconds=-1), "-PT1S"),
-        (dt.timedelta(days=-1, hours=1), "-PT23H"),
-        (dt.timedelta(days=-428, seconds=-14706, microseconds=-789000), "-P428DT4H5M6.789S"),
-        (dt.timedelta(days=428, seconds=14706, microseconds=789000), "P428DT4H5M6.789S"),
-        (dt.timedelta(days=999999999, seconds=86399, microseconds=999999), "P999999999DT23H59M59.999999S"),
-    ],
-)
-def test_intervals_are_iso_durations_in_days_and_time(value: dt.timedelta, text: str) -> None:
-    assert iso_duration(value) == text
-
-
-_DURATION = re.compile(r"(-?)P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?")
-
-
-@given(st.timedeltas())
-def test_iso_durations_read_back_exactly(value: dt.timedelta) -> None:
-    match = _DURATION.fullmatch(iso_duration(value))
-    assert match, iso_duration(value)
-    sign, days, hours, minutes, seconds = match.groups()
-    parsed = dt.timedelta(days=int(days or 0), hours=int(hours or 0), minutes=int(minutes or 0),
-                          microseconds=round(Decimal(seconds or 0) * 1_000_000))
-    assert (-parsed if sign else parsed) == value
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (Range(1, 10, "[)"), "[1,10)"),
-        (Range(1, 10, "(]"), "(1,10]"),
-        (Range(None, 5, "[)"), "(,5)"),
-        (Range(5, None, "[]"), "[5,)"),
-        (Range(None, None), "(,)"),
-        (Range(empty=True), "empty"),
-        (Range(Decimal("1.50"), Decimal("0.0000001"), "[)"), "[1.50,0.0000001)"),
-        (Range(dt.date(2024, 1, 1), dt.date(2024, 2, 1)), "[2024-01-01,2024-02-01)"),
-        (Range(dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 2, 12, 30, 0, 500000)),
-         '["2024-01-01 00:00:00","2024-01-02 12:30:00.5")'),
-        (Range(dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=-3))), None),
-         '["2024-01-01 12:00:00-03",)'),
-        (Range(dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))), None),
-         '["2024-01-01 12:00:00+05:30",)'),
-        (Range(100.0, float("inf")), "[100,Infinity)"),
-        (Range(-0.5, 1e20), "[-0.5,1e+20)"),
-        (Range("a b", "c"), '["a b",c)'),
-        (Range("", 'q"\\'), '["","q""\\\\")'),
-        (Range("x,y", "(z)"), '["x,y","(z)")'),
-        (Range(dt.timedelta(hours=1), dt.timedelta(days=2)), "[PT1H,P2D)"),
-        (Multirange([Range(1, 3), Range(5, 7)]), "{[1,3),[5,7)}"),
-        (Multirange([]), "{}"),
-        (ipaddress.ip_address("10.0.0.1"), "10.0.0.1"),
-    ],
-)
-def test_ranges_are_written_as_postgres_does(value: Any, text: str) -> None:
-    assert pg_text(value) == text
+# -- timestamps and timestamp_format -----------------------------------------------------
 
 
 def test_commit_timestamp_is_utc_with_six_fractional_digits() -> None:
-    envelope = Envelope(make_sink(), "app")
+    step = envelope()
     whole = dt.datetime(2026, 11, 30, 4, 0, tzinfo=dt.UTC)
     east = dt.datetime(2026, 11, 30, 6, 0, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
-    small = dt.datetime(2026, 11, 30, 4, 0, 0, 50, tzinfo=dt.UTC)  # rendered by to_json: still 6 digits
-    stamps = [_payload(envelope(make_change(ts=ts)).payload)["metadata"]["commit_timestamp"]
-              for ts in (TS, whole, east, TS, small)]
-    assert stamps == ["2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000000Z",
-                      "2026-11-30T04:00:00.000005Z", "2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000050Z"]
+    west_whole = dt.datetime(2026, 11, 29, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-4, minutes=-30)))
+    small = dt.datetime(2026, 11, 30, 4, 0, 0, 50, tzinfo=dt.UTC)
+    stamps = [json.loads(step(make_change(ts=ts)).payload)["metadata"]["commit_timestamp"]
+              for ts in (TS, whole, east, TS, TS, west_whole, small, whole)]  # changing, repeated: the cache
+    assert stamps == ["2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000000Z", "2026-11-30T04:00:00.000005Z",
+                      "2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.123456Z", "2026-11-30T04:00:00.000000Z",
+                      "2026-11-30T04:00:00.000050Z", "2026-11-30T04:00:00.000000Z"]
 
 
-def test_unix_microsecond_format_applies_to_commit_timestamp_and_record_timestamps() -> None:
-    row = {
+def test_unix_microsecond_format_applies_to_record_and_changes_only() -> None:
+    new = {
         "id": 1,
         "tstz": TS,
         "ts": TS.replace(tzinfo=None),  # without time zone: read as UTC
+        "whole": TS.replace(microsecond=0),
         "before_epoch": dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        "epoch": dt.datetime(1970, 1, 1),
         "tstz_array": [None, TS],
+        "matrix": [[TS.replace(tzinfo=None)]],
         "d": dt.date(2024, 2, 29),
         "t": dt.time(1, 2, 3),
-        "r": Range(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), None),
+        "n": Decimal("1E-8"),
+        "r": '["2024-01-01 00:00:00+00",)',
     }
-    payload = _payload(Envelope(make_sink(timestamp_format="unix_microsecond"), "app")(make_change(new=row)).payload)
-    assert payload["metadata"]["commit_timestamp"] == TS_US
+    old = dict(new, tstz=TS.replace(microsecond=0), ts=None)
+    sink = make_sink(timestamp_format="unix_microsecond")
+    payload = render(make_change("update", new=new, old=old), sink)
+    assert payload["metadata"]["commit_timestamp"] == "2026-11-30T04:00:00.123456Z"  # stays ISO, as in Sequin
     assert payload["record"] == {
         "id": 1,
         "tstz": TS_US,
         "ts": TS_US,
+        "whole": TS_US - 123456,
         "before_epoch": -1,
+        "epoch": 0,
         "tstz_array": [None, TS_US],
+        "matrix": [[TS_US]],
         "d": "2024-02-29",
         "t": "01:02:03",
+        "n": "0.00000001",
         "r": '["2024-01-01 00:00:00+00",)',
     }
+    assert payload["changes"] == {"tstz": TS_US - 123456, "ts": None}
+    record_only = envelope(make_sink(timestamp_format="unix_microsecond", message_kind="record"))
+    assert json.loads(record_only(make_change(new=new)).payload)["tstz"] == TS_US
 
 
-def test_annotations_appear_in_consumer_only_when_set() -> None:
-    plain = _payload(Envelope(make_sink(), "app")(make_change()).payload)
-    assert plain["metadata"]["consumer"] == {"name": "app-to-nats"}
-    annotated = make_sink(annotations={"team": "billing", "tier": 1, "tags": ["a"]})
-    payload = _payload(Envelope(annotated, "app")(make_change()).payload)
-    assert payload["metadata"]["consumer"] == {"name": "app-to-nats",
-                                               "annotations": {"team": "billing", "tier": 1, "tags": ["a"]}}
+def test_iso8601_timestamps_in_changes_have_six_fractional_digits() -> None:
+    new = {"id": 1, "at": dt.datetime(2024, 1, 2, 3, 4, 6, tzinfo=dt.UTC)}
+    old = {"id": 1, "at": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)}
+    payload = render(make_change("update", new=new, old=old))
+    assert payload["changes"] == {"at": "2024-01-02T03:04:05.000000Z"}
+    assert payload["record"]["at"] == "2024-01-02T03:04:06.000000Z"
 
 
-def test_non_finite_annotations_are_strings_as_everywhere_else() -> None:
-    annotated = make_sink(annotations={"ratio": float("nan"), "cap": float("inf")})
-    payload = Envelope(annotated, "app")(make_change()).payload
-    consumer = json.loads(payload, parse_constant=lambda name: pytest.fail(f"bare {name} in {payload!r}"))
-    assert consumer["metadata"]["consumer"]["annotations"] == {"ratio": "NaN", "cap": "Infinity"}
+# -- record_pks and transaction annotations ----------------------------------------------
 
 
-def test_metadata_fields() -> None:
-    change = make_change(schema="sales", table="orders", lsn=2**40 + 5, idx=12)
-    metadata = _payload(Envelope(make_sink(name="s2"), "crm")(change).payload)["metadata"]
-    assert metadata == {
-        "database_name": "crm",
-        "table_schema": "sales",
-        "table_name": "orders",
-        "commit_timestamp": "2026-11-30T04:00:00.123456Z",
-        "commit_lsn": 2**40 + 5,
-        "commit_idx": 12,
-        "idempotency_key": _idempotency_key(f"crm/s2/{2**40 + 5}:12"),
-        "consumer": {"name": "s2"},
-    }
+@pytest.mark.parametrize("pks", [(), ("7",), ("7", "2024-01-02 03:04:05+00", 'a "b"', "unchanged_toast")])
+def test_record_pks_are_the_changes_pks_as_strings(pks: tuple[str, ...]) -> None:
+    assert render(make_change(pks=pks))["metadata"]["record_pks"] == list(pks)
 
 
-def test_message_carries_the_names_unescaped_for_the_sink_to_address() -> None:
-    sink = make_sink(destination={"type": "nats", "host": "nats", "subject_prefix": "sequin"})
-    message = Envelope(sink, "app")(make_change("delete", schema="Sales", table="line.items", old={"id": 1}))
-    assert (message.schema, message.table, message.action) == ("Sales", "line.items", "delete")
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        (b'{ "username": "yahya" }', {"username": "yahya"}),
+        (b'{"a": {"b": [1, 2.5, null, true]}, "s": "h\\u00e9 \xe2\x9c\x93", "n": -9223372036854775808}',
+         {"a": {"b": [1, 2.5, None, True]}, "s": "hé ✓", "n": -9223372036854775808}),
+        (b"{}", {}),
+        (b'  {"x": 1}\n', {"x": 1}),
+    ],
+)
+def test_transaction_annotations_are_the_parsed_json(text: bytes, parsed: Any) -> None:
+    assert render(make_change(annotations=text))["metadata"]["transaction_annotations"] == parsed
+
+
+def test_no_transaction_annotations_are_null() -> None:
+    message = envelope()(make_change(annotations=None))
+    assert b'"transaction_annotations":null,' in message.payload
+
+
+@pytest.mark.parametrize("text", [b"{ invalid json }", b"", b'{"a": NaN}', b'{"a": 1', b"\xff", b'{"a": 1} x'])
+def test_invalid_transaction_annotations_are_null_with_one_warning(
+    text: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    step = envelope()
+    with caplog.at_level(logging.WARNING, logger="walflow.envelope"):
+        # three changes of one transaction: one warning for its annotations, not one per change
+        payloads = [json.loads(step(make_change(idx=i, annotations=text)).payload) for i in range(3)]
+    assert [p["metadata"]["transaction_annotations"] for p in payloads] == [None, None, None]
+    warnings = [r for r in caplog.records if r.name == "walflow.envelope"]
+    assert len(warnings) == 1
+    assert warnings[0].levelno == logging.WARNING
+    assert "annotations" in warnings[0].getMessage()
+
+
+def test_annotations_follow_each_change_across_transactions(caplog: pytest.LogCaptureFixture) -> None:
+    """The per-transaction cache never hands one transaction's annotations to another."""
+    step = envelope()
+    texts = [b'{"t": 1}', b'{"t": 1}', None, b'{"t": 2}', b"bad", b'{"t": 2}', b'{"t": ' + b'1}', None, b"bad"]
+    with caplog.at_level(logging.WARNING, logger="walflow.envelope"):
+        got = [json.loads(step(make_change(idx=i, annotations=t)).payload)["metadata"]["transaction_annotations"]
+               for i, t in enumerate(texts)]
+    assert got == [{"t": 1}, {"t": 1}, None, {"t": 2}, None, {"t": 2}, {"t": 1}, None, None]
+    assert len([r for r in caplog.records if r.name == "walflow.envelope"]) == 2  # each bad transaction once
+
+
+@pytest.mark.xfail(strict=True, reason="envelope bug: annotations are parsed with orjson, which turns an integer "
+                   "beyond 64 bits into a float (1.2345678901234568e+29); Sequin's Jason keeps it exact")
+def test_annotations_keep_integers_beyond_64_bits_exact() -> None:
+    text = b'{"n": 123456789012345678901234567890, "m": -18446744073709551617}'
+    annotations = render(make_change(annotations=text))["metadata"]["transaction_annotations"]
+    assert annotations == {"n": 123456789012345678901234567890, "m": -18446744073709551617}
+
+
+# -- consumer and database ----------------------------------------------------------------
+
+
+def test_consumer_and_database_ids_default_to_stable_uuids_derived_from_the_names() -> None:
+    metadata = render(make_change())["metadata"]
+    assert metadata["consumer"] == {"id": CONSUMER_ID, "name": "app-to-nats", "annotations": {}}
+    assert metadata["database"] == {"id": DATABASE_ID, "name": "app", "annotations": {}, "database": "app",
+                                    "hostname": "db.internal"}
+    assert derived_id("consumer", "app", "app-to-nats") == CONSUMER_ID
+    assert derived_id("database", "app") == DATABASE_ID
+    for text in (CONSUMER_ID, DATABASE_ID):
+        assert str(uuid.UUID(text)) == text and uuid.UUID(text).version == 5
+    # another envelope (another run, another worker) derives the same
+    assert render(make_change())["metadata"]["consumer"]["id"] == CONSUMER_ID
+
+
+def test_derived_ids_differ_per_sink_and_database() -> None:
+    def ids(sink: str, database: str) -> tuple[str, str]:
+        payload = render(make_change(), make_sink(name=sink, database=database), make_database(name=database))
+        metadata = payload["metadata"]
+        return metadata["consumer"]["id"], metadata["database"]["id"]
+
+    consumer, database = ids("app-to-nats", "app")
+    other_sink = ids("audit", "app")
+    other_database = ids("app-to-nats", "crm")
+    assert other_sink[0] != consumer and other_sink[1] == database  # same database, same database id
+    assert other_database[0] != consumer and other_database[1] != database
+    assert len({consumer, database, *other_sink, *other_database}) == 5
+    assert derived_id("consumer", "app") != derived_id("database", "app")  # kinds apart
+
+
+@pytest.mark.xfail(strict=True, reason="envelope bug: derived_id joins the names with '/', so database 'a/b' with "
+                   "sink 'c' and database 'a' with sink 'b/c' (both in one config) get the same consumer id")
+def test_derived_ids_of_names_holding_a_slash_cannot_collide() -> None:
+    assert derived_id("consumer", "a/b", "c") != derived_id("consumer", "a", "b/c")
+
+
+def test_configured_ids_and_annotations_are_used_as_given() -> None:
+    sink = make_sink(id="0b7a6d1e-3f0c-4c1f-9d47-6ad1c9a8e2f1", annotations={"team": "billing", "tags": ["a"]})
+    database = make_database(id="b5a1f3d2-sequin", annotations={"region": "eu"})
+    metadata = render(make_change(), sink, database)["metadata"]
+    assert metadata["consumer"] == {"id": "0b7a6d1e-3f0c-4c1f-9d47-6ad1c9a8e2f1", "name": "app-to-nats",
+                                    "annotations": {"team": "billing", "tags": ["a"]}}
+    assert metadata["database"] == {"id": "b5a1f3d2-sequin", "name": "app", "annotations": {"region": "eu"},
+                                    "database": "app", "hostname": "db.internal"}
+
+
+def test_database_name_and_postgres_database_are_apart() -> None:
+    database = make_database(name="shop", database="shop_production", hostname="10.0.0.5")
+    metadata = render(make_change(), make_sink(database="shop"), database)["metadata"]
+    assert metadata["database_name"] == "shop"
+    assert (metadata["database"]["name"], metadata["database"]["database"], metadata["database"]["hostname"]) == (
+        "shop", "shop_production", "10.0.0.5")
+
+
+# -- message_kind: record ------------------------------------------------------------------
+
+
+def test_record_message_kind_publishes_the_record_alone() -> None:
+    events, records = envelope(), envelope(make_sink(message_kind="record"))
+    changes = [
+        make_change(idx=1),
+        make_change("update", new={"id": 7, "body": UNCHANGED_TOAST, "at": dt.datetime(2024, 1, 2)}, idx=2),
+        make_change("update", old=dict(ROW, status="new"), idx=3),
+        make_change("delete", old={"id": 7, "status": None, "amount": None}, idx=4),
+        make_change("read", read=ReadOf("app-to-nats", "b1", '["7"]')),
+    ]
+    for change in changes:
+        event, alone = events(change), records(change)
+        assert json.loads(alone.payload) == json.loads(event.payload)["record"]
+        assert alone.msg_id == event.msg_id
+        assert (alone.schema, alone.table, alone.action) == (event.schema, event.table, event.action)
+    assert records(changes[0]).payload == b'{"id":7,"status":"paid","amount":"12.50"}'
+    assert json.loads(records(changes[1]).payload) == {"id": 7, "body": "unchanged_toast",
+                                                         "at": "2024-01-02T00:00:00.000000"}
+
+
+# -- idempotency ---------------------------------------------------------------------------
 
 
 def test_ids_are_the_id_schemes_and_decode_back_to_the_position() -> None:
-    message = Envelope(make_sink(name="s/1"), "my db")(make_change(lsn=2**40, idx=9))
+    message = envelope(make_sink(name="s/1", database="my db"), make_database(name="my db"))(
+        make_change(lsn=2**40, idx=9))
     ids = IdScheme("my db", "s/1")
     assert message.msg_id == ids.encode(2**40, 9).decode("ascii")
     assert ids.decode(message.msg_id) == (2**40, 9)
     assert IdScheme("my db", "s").decode(message.msg_id) is None  # another sink's
+    assert json.loads(message.payload)["metadata"]["idempotency_key"] == message.msg_id
+
+
+def test_a_reads_id_names_the_backfill_and_the_row() -> None:
+    read = ReadOf("app-to-nats", "bf-1", '["7"]')
+    message = envelope()(make_change("read", read=read, lsn=900, idx=4))
+    ids = IdScheme("app", "app-to-nats")
+    assert message.msg_id == ids.encode_read("bf-1", '["7"]').decode("ascii")
+    assert base64.b64decode(message.msg_id) == b'app/app-to-nats/read/bf-1/["7"]'
+    assert ids.is_read(message.msg_id) and ids.decode(message.msg_id) is None  # names no position
+    payload = json.loads(message.payload)
+    assert payload["metadata"]["idempotency_key"] == message.msg_id
+    assert (payload["metadata"]["commit_lsn"], payload["metadata"]["commit_idx"]) == (900, 4)
+    # the same row read by another chunk at another position: the same id
+    assert envelope()(make_change("read", read=read, lsn=950, idx=0)).msg_id == message.msg_id
 
 
 def test_idempotency_key_is_stable_and_unique_per_change_sink_and_database() -> None:
     change = make_change(lsn=500, idx=2)
 
     def key(sink_name: str, database: str, change: Change) -> str:
-        message = Envelope(make_sink(name=sink_name), database)(change)
-        assert message.msg_id == _payload(message.payload)["metadata"]["idempotency_key"]
+        message = envelope(make_sink(name=sink_name, database=database), make_database(name=database))(change)
+        assert message.msg_id == json.loads(message.payload)["metadata"]["idempotency_key"]
         return message.msg_id
 
     first = key("s1", "app", change)
     assert base64.b64decode(first, validate=True) == b"app/s1/500:2"
     assert key("s1", "app", pickle.loads(pickle.dumps(change))) == first  # a replay names it the same
+    assert key("s1", "app", make_change("update", lsn=500, idx=2)) == first  # the position names it, not the row
     others = [
         key("s2", "app", change),  # another sink into the same stream is not a duplicate
         key("s1", "crm", change),  # nor is another database at the same LSN
@@ -419,3 +768,97 @@ def test_idempotency_key_is_stable_and_unique_per_change_sink_and_database() -> 
         key("b/c", "a", change),  # ... with each other
     ]
     assert len({first, *others}) == 1 + len(others)
+
+
+@pytest.mark.xfail(strict=True, reason="envelope bug: destination.msg_id is never read; with msg_id: sequin the "
+                   "docstring promises Sequin's base64('<commit_lsn>:<commit_idx>'), the envelope writes walflow's")
+def test_sequin_msg_id_is_sequins_key() -> None:
+    sink = make_sink(destination={"type": "nats", "host": "nats", "msg_id": "sequin"})
+    message = envelope(sink)(make_change(lsn=22150152, idx=3))
+    assert message.msg_id == _b64("22150152:3")
+    assert json.loads(message.payload)["metadata"]["idempotency_key"] == message.msg_id
+
+
+# -- properties ----------------------------------------------------------------------------
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+_AWARE = st.datetimes(timezones=st.just(dt.UTC))
+_NAIVE = st.datetimes()
+
+
+@given(st.dictionaries(_TEXT, _JSONISH, max_size=8))
+def test_plain_values_round_trip(row: Row) -> None:
+    assert render(make_change(new=row))["record"] == row
+
+
+@given(_AWARE)
+def test_aware_timestamps_read_back_exactly_with_six_digits_and_z(value: dt.datetime) -> None:
+    text = record(value)
+    assert text == value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", text)
+    assert dt.datetime.fromisoformat(text) == value
+
+
+@given(_NAIVE)
+def test_naive_timestamps_read_back_exactly_with_six_digits(value: dt.datetime) -> None:
+    text = record(value)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}", text)
+    assert dt.datetime.fromisoformat(text) == value
+
+
+@given(_AWARE | _NAIVE)
+def test_unix_microseconds_read_back_exactly(value: dt.datetime) -> None:
+    micros = record(value, make_sink(timestamp_format="unix_microsecond"))
+    assert type(micros) is int
+    assert _EPOCH + dt.timedelta(microseconds=micros) == value.replace(tzinfo=dt.UTC)
+
+
+@given(st.datetimes(min_value=dt.datetime(1900, 1, 1), max_value=dt.datetime(2200, 1, 1),
+                    timezones=st.builds(dt.timezone, st.integers(-14 * 60, 14 * 60).map(
+                        lambda m: dt.timedelta(minutes=m)))))
+def test_commit_timestamp_is_always_iso_utc_with_six_digits(ts: dt.datetime) -> None:
+    for sink in (make_sink(), make_sink(timestamp_format="unix_microsecond")):
+        text = render(make_change(ts=ts), sink)["metadata"]["commit_timestamp"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", text)
+        assert dt.datetime.fromisoformat(text) == ts
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False))
+def test_numerics_read_back_exactly_without_exponent(value: Decimal) -> None:
+    text = record(value)
+    assert re.fullmatch(r"-?\d+(\.\d+)?", text), text
+    assert Decimal(text) == value
+    if value.as_tuple().exponent <= 0:  # type: ignore[operator]  # what numeric_out gives: the scale kept
+        assert Decimal(text).as_tuple() == value.as_tuple()
+
+
+_ROW_VALUES = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["a", "b"]),
+                        st.sampled_from([Decimal("1.0"), Decimal("NaN"), Decimal("1E-8")]),
+                        st.sampled_from([0.5, float("nan")]))
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), st.tuples(_ROW_VALUES, _ROW_VALUES)))
+def test_changes_are_the_old_values_that_differ(columns: dict[str, tuple[Any, Any]]) -> None:
+    new = {"id": 1, **{name: after for name, (_, after) in columns.items()}}
+    old = {"id": 1, **{name: before for name, (before, _) in columns.items()}}
+
+    def same(before: Any, after: Any) -> bool:
+        nan = [isinstance(v, float | Decimal) and math.isnan(v) for v in (before, after)]
+        return all(nan) or (not any(nan) and before == after)
+
+    expected = {name: before for name, (before, after) in columns.items() if not same(before, after)}
+    changes = render(make_change("update", new=new, old=old))["changes"]
+    assert changes == json.loads(envelope(make_sink(message_kind="record"))(make_change(new=expected)).payload)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**31))
+def test_every_position_has_its_own_id_that_decodes_back(lsn: int, idx: int) -> None:
+    message = envelope()(make_change(lsn=lsn, idx=idx))
+    assert IdScheme("app", "app-to-nats").decode(message.msg_id) == (lsn, idx)
+    metadata = json.loads(message.payload)["metadata"]
+    assert (metadata["commit_lsn"], metadata["commit_idx"], metadata["idempotency_key"]) == (lsn, idx, message.msg_id)
