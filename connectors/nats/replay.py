@@ -20,7 +20,9 @@ one found (:func:`horizon`) until it has passed it: by then every earlier run's 
 lies below the confirmed LSN, and only this run's, in epoch order, lie above it.
 
 Which messages are this pipeline's, and at which position, only its :class:`core.ids.IdScheme`
-says: nothing here reads an id's text.
+says: nothing here reads an id's text. Every read is confined to the sink's subjects
+(``<prefix>.<database>.>``): Sequin's ids (``msg_id: sequin``) name no sink nor database,
+so in a stream shared with other databases their subjects are what tells them apart.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ async def already_published(
     first, last = info.state.first_seq, info.state.last_seq
     if info.state.messages == 0 or since_lsn == 0:
         return set()
-    start = await _boundary(nc, stream, first, last, ids, since_lsn)
+    start = await _boundary(nc, stream, subjects, first, last, ids, since_lsn)
     return {
         msg_id for msg_id in await ids_since(nc, stream, subjects, start)
         if ((lsn := _lsn(ids, msg_id)) is not None and lsn >= since_lsn) or ids.is_read(msg_id)
@@ -102,15 +104,19 @@ def horizon(msg_ids: set[str] | frozenset[str], ids: IdScheme) -> int:
     return max((lsn for msg_id in msg_ids if (lsn := _lsn(ids, msg_id)) is not None), default=0)
 
 
-async def _boundary(nc: Client, stream: str, first: int, last: int, ids: IdScheme, since_lsn: int) -> int:
-    """A stream sequence at or before which all of this pipeline's messages are older than ``since_lsn``."""
+async def _boundary(
+    nc: Client, stream: str, subjects: str, first: int, last: int, ids: IdScheme, since_lsn: int
+) -> int:
+    """A stream sequence at or before which all of this pipeline's messages are older than ``since_lsn``.
+
+    Each probe reads the first message on ``subjects`` at or after the probed sequence."""
     js = nc.jetstream()
     step = 1
     seq = last
     while seq > first:
         try:
-            msg = await js.get_msg(stream, seq)
-        except NotFoundError:  # deleted or expired: look further back
+            msg = await js.get_msg(stream, seq, subject=subjects, next=True)
+        except NotFoundError:  # none on our subjects from there on (or deleted, expired): look further back
             msg = None
         if msg is not None:
             lsn = _lsn(ids, (msg.headers or {}).get("Nats-Msg-Id", ""))

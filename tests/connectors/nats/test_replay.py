@@ -59,7 +59,7 @@ def test_the_ids_at_and_after_since_lsn_are_found_with_many_below(nc: WalflowCli
     found = runtime.run(already_published(nc, names.stream, _ours(names), OURS, 300))
     assert found == {msg_id for _, msg_id in above}
     # the boundary lies below since_lsn, but not at the stream's start: the tail scan stays short
-    boundary = runtime.run(_boundary(nc, names.stream, 1, len(below) + len(above), OURS, 300))
+    boundary = runtime.run(_boundary(nc, names.stream, _ours(names), 1, len(below) + len(above), OURS, 300))
     assert 1 < boundary <= len(below)
 
 
