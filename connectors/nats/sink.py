@@ -9,8 +9,13 @@ the slot may move (see ``connectors/postgres/source.py``).
 Routing by group key keeps each group's messages in one partition, in order, across
 workers and epochs. All partitions of a sink in one process share one NATS connection,
 held by the sink object, like the ids its replay scan found; nothing is process-global.
+The stream is the one that captures the sink's subjects (``connectors/nats/stream.py``),
+whatever its name: everything that reads it (the replay scan, the check before a late
+re-send) uses the one found. With ``msg_id: sequin`` the sink must be the only one with
+Sequin's ids in that stream (:class:`SharedSequinIdsError`).
 The one thing a sink remembers outside the stream — that its ``initial_backfill`` was
-requested — sits in the ``walflow_state`` key-value bucket on the same NATS.
+requested — sits in the ``walflow_state`` key-value bucket on the same NATS (a stream of
+its own, whichever stream the events land in).
 Messages arrive as payload and id (:class:`core.events.Message`); the publisher gives
 each its subject.
 """
@@ -22,6 +27,7 @@ import base64
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Final, TypedDict
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -34,7 +40,7 @@ from connectors.nats.connection import connect, permission_error
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.replay import already_published, horizon, ids_since
-from connectors.nats.stream import ensure_stream
+from connectors.nats.stream import SinkStream, ensure_stream, stream_for
 from core.errors import FatalError
 from core.events import Message
 from core.ids import IdScheme
@@ -47,6 +53,11 @@ log = logging.getLogger("walflow.nats")
 #: The JetStream key-value bucket where a sink records what must outlive every run and is
 #: not the stream's business: that its initial backfill was requested.
 STATE_BUCKET: Final = "walflow_state"
+
+
+class SharedSequinIdsError(FatalError):
+    """Two sinks with ``msg_id: sequin`` publish into one stream: JetStream would drop one's
+    messages as duplicates of the other's, since Sequin's ids name a position only."""
 
 
 class SinkState(TypedDict):
@@ -78,19 +89,33 @@ class JetStreamPartition(StatefulSinkPartition[Message, SinkState]):
 class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
     """Publishes ``(group key, Message)`` items of one configured sink."""
 
-    def __init__(self, sink: SinkConfig, database: str, replay_from: int, runtime: Runtime, slot: str = "") -> None:
+    def __init__(
+        self,
+        sink: SinkConfig,
+        database: str,
+        replay_from: int,
+        runtime: Runtime,
+        slot: str = "",
+        peers: Sequence[SinkConfig] = (),
+    ) -> None:
         """``database``: the configured name of the database the changes come from;
         ``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
-        ``runtime``: the process's, whose loop the NATS connection lives on."""
+        ``runtime``: the process's, whose loop the NATS connection lives on;
+        ``peers``: the config's sinks, of every database (this one may be among them),
+        which a sink with ``msg_id: sequin`` must not share its stream with."""
         self.sink = sink
         self.database = database
         self.slot = slot
         self.replay_from = replay_from
         self.runtime = runtime
-        self.ids = IdScheme(database, sink.name)
+        self.peers = peers
         dest = sink.destination
-        #: Every subject this sink publishes on.
+        self.ids = IdScheme(database, sink.name, dest.msg_id)
+        #: Every subject this sink publishes on: also what tells its messages from others' in
+        #: the stream when its ids are Sequin's, which name no sink.
         self.subjects = f"{dest.subject_prefix}.{escape_token(database)}.>"
+        #: The stream its events land in, once connected.
+        self.stream: SinkStream | None = None
         self._nc: WalflowClient | None = None
         #: Ids of changes to be replayed that the stream already holds (read once).
         self._published: frozenset[str] | None = None
@@ -104,11 +129,10 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 dest = self.sink.destination
                 nc = await connect(dest, name=f"walflow:{self.sink.name}")
                 try:
-                    await ensure_stream(nc, dest, self.database, escape_token(self.database))
+                    stream = self.stream = await ensure_stream(nc, dest, self.database, escape_token(self.database))
+                    await self._check_msg_ids(nc, stream.name)
                     if self._published is None:
-                        found = await already_published(
-                            nc, dest.stream.name, self.subjects, self.ids, self.replay_from
-                        )
+                        found = await already_published(nc, stream.name, self.subjects, self.ids, self.replay_from)
                         if found:
                             log.info("%s: %d change(s) to be replayed are already in the stream; "
                                      "not publishing them again", self.sink.name, len(found))
@@ -122,6 +146,42 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                     raise
                 self._nc = nc
             return nc
+
+    async def _check_msg_ids(self, nc: WalflowClient, stream: str) -> None:
+        """With ``msg_id: sequin``, refuse to start when another sink with Sequin's ids
+        publishes into the same stream (on a NATS this sink shares a server with)."""
+        if self.ids.msg_id != "sequin":
+            return
+        servers = set(self.sink.destination.server_urls)
+        for peer in self.peers:
+            dest = peer.destination
+            if (peer.name, peer.database) == (self.sink.name, self.database) or not peer.enabled:
+                continue
+            if dest.msg_id != "sequin" or not servers & set(dest.server_urls):
+                continue
+            if await stream_for(nc, dest, escape_token(peer.database)) != stream:
+                continue
+            if peer.database == self.database:
+                who = f"sinks '{self.sink.name}' and '{peer.name}' of database '{self.database}'"
+                clash = "JetStream would drop one sink's messages as duplicates of the other's"
+            else:
+                who = (f"sinks '{self.sink.name}' (database '{self.database}') and '{peer.name}' "
+                       f"(database '{peer.database}')")
+                clash = ("they do not name the database either, so JetStream would drop one database's changes "
+                         "as duplicates of the other's wherever their positions coincide")
+            raise SharedSequinIdsError(
+                f"{who} both publish into JetStream stream '{stream}' with destination.msg_id: sequin, whose ids "
+                f"name a change by its commit position only: {clash}. Set msg_id: walflow on one of them (its ids "
+                "name database and sink), or have it publish into another stream"
+            )
+
+    async def _stream_again(self, nc: WalflowClient) -> None:
+        """The stream vanished while running (JetStream answered "no responders"): set it up again."""
+        self.stream = await ensure_stream(nc, self.sink.destination, self.database, escape_token(self.database))
+
+    def _current_stream(self) -> SinkStream:
+        assert self.stream is not None, "the stream is set up before any partition is built"
+        return self.stream
 
     def prepare(self) -> int:
         """Connect and check the stream now, at startup, rather than at the first message
@@ -184,9 +244,9 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 ack_timeout=dest.ack_timeout_ms / 1000,
                 label=for_part,
                 skip=self._published or frozenset(),
-                on_no_stream=lambda: ensure_stream(nc, dest, self.database, escape_token(self.database)),
-                stored_since=lambda seq: ids_since(nc, dest.stream.name, self.subjects, seq),
-                duplicate_window=dest.stream.duplicate_window_ms / 1000,
+                on_no_stream=lambda: self._stream_again(nc),
+                stored_since=lambda seq: ids_since(nc, self._current_stream().name, self.subjects, seq),
+                duplicate_window=self._current_stream().duplicate_window,
             )
             self.runtime.run(publisher.start())
             if resume_state:

@@ -1,31 +1,83 @@
-"""The JetStream stream the events land in: created when missing, checked when present.
+"""The JetStream stream a sink's events land in: the one that captures them, else created.
 
-A stream that exists but does not capture walflow's subjects would make every publish
-fail (or, with core NATS, vanish): that is a startup error that says what to change.
-walflow never edits an existing stream's configuration: operators own it.
+JetStream stores a subject in one stream only (it refuses to create a stream whose
+subjects overlap another's), so the stream is decided by the sink's subjects
+``<prefix>.<database>.<schema>.<table>.<action>``, not by a name. In order:
+
+1. A stream that captures all of them is used as it is, whatever its name: a Sequin
+   user's stream on ``sequin.>``, or the one an earlier run created. Unless the config
+   names another one explicitly (``destination.stream.name``): then the events would not
+   land where the config says, which is an error naming both.
+2. Streams that capture only part of them (``sequin.app.public.orders.*``) are an error:
+   walflow could publish only some of its events there, and JetStream would refuse a
+   stream of walflow's beside them.
+3. ``destination.stream.name`` (``WALFLOW`` by default) is created when
+   ``create_if_not_exists``, capturing ``<prefix>.<database>.>`` (or ``stream.subjects``):
+   one database's subjects, not ``<prefix>.>``, which would collide with any stream an
+   operator keeps for another database under the same prefix.
+4. If that stream exists but captures another database's subjects only (two databases of
+   one config sharing the default name), walflow adds ``<prefix>.<database>.>`` to it —
+   only if walflow created it (:data:`OWN_DESCRIPTION`) and the config leaves its subjects
+   to walflow. walflow never edits a stream it did not create: an operator's is used as
+   it is or reported.
+
+Processes starting together may race (both creating, both adding a subject): every
+change is checked again from the top, so the last one sees what the others did. An update
+replaces a stream's subjects whole, so one that raced another can still drop a subject
+after its process has checked it; that process then meets "no responders" at its next
+publish and sets the stream up again (``on_no_stream`` in ``connectors/nats/publisher.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Final
 
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, StorageType
 from nats.js.api import StreamConfig as JsStreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from config.schema import NatsDestination
 from core.errors import FatalError
 
 log = logging.getLogger("walflow.nats")
 
+#: The description walflow gives the streams it creates: it edits no other stream.
+OWN_DESCRIPTION: Final = "walflow's events (created by walflow, which adds the subjects of further databases to it)"
+#: The actions that appear as a subject's last token (truncates are not published).
+PUBLISHED_ACTIONS: Final = ("insert", "update", "delete", "read")
+#: JetStream's error codes when a stream cannot be created because of another one that
+#: appeared meanwhile (name in use, subjects overlap): look again.
+_RACED: Final = frozenset({10058, 10065})
+#: How often the whole lookup is repeated when other processes change the streams meanwhile,
+#: and the most seconds each repetition waits more than the one before (at random, so that
+#: processes updating the same stream fall out of step: an update replaces the subjects whole).
+_ATTEMPTS: Final = 10
+_JITTER: Final = 0.05
+_API: Final = "$JS.API"
+_TIMEOUT: Final = 5.0
+
 
 class StreamSetupError(FatalError):
-    """The configured stream cannot hold walflow's events; the message says what to change."""
+    """No stream can hold the sink's events as configured; the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStream:
+    """The stream a sink's events land in."""
+
+    name: str
+    #: Seconds: JetStream drops a repeated ``Nats-Msg-Id`` within this window (the stream's own setting).
+    duplicate_window: float
 
 
 def subject_covers(pattern: str, subject: str) -> bool:
-    """True if every subject matching ``subject`` (which may end in ``>``) also matches ``pattern``."""
+    """True if every subject matching ``subject`` (which may hold ``*`` and end in ``>``) also matches ``pattern``."""
     want = pattern.split(".")
     have = subject.split(".")
     for i, token in enumerate(want):
@@ -38,23 +90,144 @@ def subject_covers(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
-async def ensure_stream(nc: Client, dest: NatsDestination, database: str, escaped_database: str) -> None:
-    """Create the stream if allowed and missing; fail clearly if it cannot hold our subjects."""
-    js = nc.jetstream()
-    cfg = dest.stream
-    ours = f"{dest.subject_prefix}.{escaped_database}.>"
+def sink_subjects(prefix: str, escaped_database: str) -> list[str]:
+    """Every subject a sink of this database publishes on, as one pattern per action."""
+    return [f"{prefix}.{escaped_database}.*.*.{action}" for action in PUBLISHED_ACTIONS]
+
+
+def uncaptured(patterns: list[str], prefix: str, escaped_database: str) -> list[str]:
+    """The sink's subject patterns that none of a stream's ``patterns`` captures (empty: all captured)."""
+    return [s for s in sink_subjects(prefix, escaped_database) if not any(subject_covers(p, s) for p in patterns)]
+
+
+async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JetStream API request; its error raised as nats-py's typed ``APIError``."""
+    reply = await nc.request(f"{_API}.{subject}", json.dumps(body).encode() if body else b"", timeout=_TIMEOUT)
+    data: dict[str, Any] = json.loads(reply.data)
+    if "error" in data:
+        APIError.from_error(data["error"])
+    return data
+
+
+async def _info(nc: Client, name: str) -> dict[str, Any] | None:
+    """A stream's info as the server sends it (its whole config kept, for an update); None if there is none."""
     try:
-        info = await js.stream_info(cfg.name)
+        return await _api(nc, f"STREAM.INFO.{name}")
     except NotFoundError:
-        if not cfg.create_if_not_exists:
+        return None
+
+
+async def _overlapping(nc: Client, subject: str) -> list[dict[str, Any]]:
+    """Every stream whose subjects overlap ``subject`` (JetStream's ``STREAM.NAMES`` filter),
+    whether it captures all of it or only part: nats-py's ``find_stream_name_by_subject``
+    returns the first of them only, which may be a partial one."""
+    names: list[str] = []
+    while True:
+        page = await _api(nc, "STREAM.NAMES", {"subject": subject, "offset": len(names)})
+        names.extend(page.get("streams") or [])
+        if not page.get("streams") or len(names) >= page.get("total", 0):
+            break
+    infos = [await _info(nc, name) for name in names]
+    return [info for info in infos if info is not None]  # one may be deleted meanwhile
+
+
+def _subjects(info: dict[str, Any]) -> list[str]:
+    return list(info["config"].get("subjects") or [])
+
+
+def _found(info: dict[str, Any]) -> SinkStream:
+    return SinkStream(info["config"]["name"], info["config"]["duplicate_window"] / 1e9)  # nanoseconds on the wire
+
+
+async def stream_for(nc: Client, dest: NatsDestination, escaped_database: str) -> str:
+    """Where a sink of ``dest`` and this database publishes, without changing anything: the
+    stream that captures its subjects, else the one it would create or extend."""
+    prefix = dest.subject_prefix
+    for info in await _overlapping(nc, f"{prefix}.{escaped_database}.>"):
+        if not uncaptured(_subjects(info), prefix, escaped_database):
+            return str(info["config"]["name"])
+    return dest.stream.name
+
+
+async def ensure_stream(nc: Client, dest: NatsDestination, database: str, escaped_database: str) -> SinkStream:
+    """The stream this sink's events land in: found, created or extended by the rules above;
+    a :class:`StreamSetupError` saying what to change when there is none."""
+    for attempt in range(_ATTEMPTS):
+        found = await _resolve(nc, dest, database, escaped_database)
+        if found is not None:
+            return found
+        await asyncio.sleep(random.uniform(0, _JITTER * attempt))
+    raise StreamSetupError(
+        f"the JetStream streams kept changing while walflow looked for one capturing '{dest.subject_prefix}."
+        f"{escaped_database}.>' for database '{database}' ({_ATTEMPTS} times): start walflow again once they are set up"
+    )
+
+
+async def _resolve(nc: Client, dest: NatsDestination, database: str, escaped: str) -> SinkStream | None:
+    """One pass of the rules; None when it changed the streams (or raced another process):
+    the caller looks again."""
+    cfg, prefix = dest.stream, dest.subject_prefix
+    ours = f"{prefix}.{escaped}.>"
+    configured = await _info(nc, cfg.name)
+    if configured is not None and not uncaptured(_subjects(configured), prefix, escaped):
+        return _found(configured)  # the common case, and the one request a restart makes
+
+    others = [info for info in await _overlapping(nc, ours) if info["config"]["name"] != cfg.name]
+    capturing = [info for info in others if not uncaptured(_subjects(info), prefix, escaped)]
+    if capturing:
+        other = capturing[0]  # JetStream lets no second stream overlap it
+        name, subjects = other["config"]["name"], _subjects(other)
+        if "name" in cfg.model_fields_set:
             raise StreamSetupError(
-                f"JetStream stream '{cfg.name}' does not exist. Create it to capture '{ours}', "
-                f"or set create_if_not_exists: true under the sink's destination.stream."
-            ) from None
-        subjects = dest.stream_subjects
-        await js.add_stream(
+                f"destination.stream.name is '{cfg.name}', but JetStream stream '{name}' already captures walflow's "
+                f"subjects '{ours}' for database '{database}' (its subjects: {subjects}), and JetStream stores a subject "
+                f"in one stream only: set destination.stream.name to '{name}' or remove it, or change subject_prefix"
+            )
+        log.info("using JetStream stream '%s' as it is: it captures this database's subjects %s (its subjects: %s, "
+                 "duplicate window %.0f s)", name, ours, ", ".join(subjects), _found(other).duplicate_window)
+        return _found(other)
+    if others:
+        partial = "; ".join(f"'{info['config']['name']}' captures {_subjects(info)}" for info in others)
+        missing = uncaptured([s for info in others for s in _subjects(info)], prefix, escaped)
+        raise StreamSetupError(
+            f"JetStream streams capture only part of walflow's subjects '{ours}' for database '{database}' ({partial}; "
+            f"nothing captures e.g. '{missing[0]}'), and JetStream stores a subject in one stream only: walflow can "
+            f"neither publish all its events there nor create stream '{cfg.name}' beside them. Make one stream capture "
+            f"'{ours}' (e.g. '{prefix}.>'), or change subject_prefix"
+        )
+
+    if configured is not None:
+        captured = _subjects(configured)
+        if configured["config"].get("description") != OWN_DESCRIPTION or cfg.subjects is not None:
+            raise StreamSetupError(
+                f"JetStream stream '{cfg.name}' captures {captured or 'no subjects'}, not walflow's subjects "
+                f"'{ours}' for database '{database}': its events would be rejected. Add '{ours}' to the stream's "
+                "subjects, or point destination.stream.name / subject_prefix at a stream that captures them."
+            )
+        await _add_subject(nc, configured, ours)
+        log.info("added %s to JetStream stream '%s' (created by walflow, capturing %s) for database '%s'",
+                 ours, cfg.name, ", ".join(captured), database)
+        return None
+
+    if not cfg.create_if_not_exists:
+        raise StreamSetupError(
+            f"JetStream stream '{cfg.name}' does not exist, and no stream captures walflow's subjects '{ours}' for "
+            f"database '{database}'. Create one capturing '{ours}', or set create_if_not_exists: true under the "
+            "sink's destination.stream."
+        )
+    subjects = cfg.subjects if cfg.subjects is not None else [ours]
+    missing = uncaptured(subjects, prefix, escaped)
+    if missing:
+        raise StreamSetupError(
+            f"destination.stream.subjects {subjects} do not capture walflow's subjects '{ours}' for database "
+            f"'{database}' (e.g. '{missing[0]}'): the stream would reject its events. Add '{ours}', or leave "
+            "subjects out (walflow then captures exactly that)."
+        )
+    try:
+        await nc.jetstream().add_stream(
             JsStreamConfig(
                 name=cfg.name,
+                description=OWN_DESCRIPTION,
                 subjects=subjects,
                 storage=StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY,
                 num_replicas=cfg.replicas,
@@ -65,12 +238,24 @@ async def ensure_stream(nc: Client, dest: NatsDestination, database: str, escape
                 discard=DiscardPolicy.OLD,
             )
         )
-        log.info("created JetStream stream %s for %s", cfg.name, ", ".join(subjects))
-        info = await js.stream_info(cfg.name)
-    captured = info.config.subjects or []
-    if not any(subject_covers(pattern, ours) for pattern in captured):
+    except BadRequestError as exc:
+        if exc.err_code in _RACED:
+            return None  # another process created a stream meanwhile: look again
+        raise StreamSetupError(f"JetStream refused to create stream '{cfg.name}' on {subjects}: {exc.description}") from None
+    log.info("created JetStream stream '%s' for %s", cfg.name, ", ".join(subjects))
+    return None
+
+
+async def _add_subject(nc: Client, info: dict[str, Any], subject: str) -> None:
+    """Add ``subject`` to a stream walflow created, every other setting sent back as the server gave it."""
+    config = dict(info["config"], subjects=[*_subjects(info), subject])
+    try:
+        await _api(nc, f"STREAM.UPDATE.{config['name']}", config)
+    except NotFoundError:
+        return  # deleted meanwhile: the next pass creates it
+    except BadRequestError as exc:
+        if exc.err_code in _RACED:
+            return
         raise StreamSetupError(
-            f"JetStream stream '{cfg.name}' captures {captured or 'no subjects'}, not walflow's subjects "
-            f"'{ours}' for database '{database}': its events would be rejected. Add '{dest.subject_prefix}.>' to the "
-            "stream's subjects, or point destination.stream.name / subject_prefix at a stream that captures them."
-        )
+            f"JetStream refused to add '{subject}' to stream '{config['name']}': {exc.description}"
+        ) from None

@@ -77,9 +77,10 @@ def test_subject_coverage() -> None:
 
 
 def test_missing_stream_is_created_from_the_config(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    found = runtime.run(ensure_stream(nc, dest, "app", "app"))
+    assert (found.name, found.duplicate_window) == (names.stream, 60)
     info = runtime.run(nc.jetstream().stream_info(names.stream))
-    assert info.config.subjects == [f"{names.subject_prefix}.>"]
+    assert info.config.subjects == [f"{names.subject_prefix}.app.>"]  # this database's subjects, not the prefix's
     assert info.config.duplicate_window == 60
     runtime.run(ensure_stream(nc, dest, "app", "app"))  # present and fine: no error, no change
 
