@@ -110,3 +110,29 @@ def test_horizon_is_the_highest_lsn_of_this_pipelines_ids() -> None:
     ids = {_id(OURS, 7, 3), _id(OURS, 12), _id(OTHER_SINK, 99), _id(OTHER_DB, 99), "garbage", ""}
     assert horizon(ids, OURS) == 12
     assert horizon(frozenset(ids), OTHER_SINK) == 99
+
+
+SEQUIN = IdScheme("app", "s1", msg_id="sequin")
+
+
+def test_sequin_form_ids_are_told_apart_by_their_subjects(nc: WalflowClient, names: TestNames) -> None:
+    """Sequin's ids name no database: another database's messages in a shared stream carry
+    ids that decode as positions too, and only their subjects say they are not ours —
+    also at the tail, where the boundary probe starts."""
+    theirs = IdScheme("crm", "s9", msg_id="sequin")
+    messages = [
+        ("app.public.t.insert", _id(SEQUIN, 10)),
+        ("crm.public.t.insert", _id(theirs, 25)),  # another database's, at and above since_lsn
+        ("app.public.t.insert", _id(SEQUIN, 20)),
+        ("app.public.t.insert", _id(OURS, 40)),  # walflow's form, even of this sink's name: not this form
+        ("app.public.t.read", SEQUIN.encode_read("bf", "[1]").decode()),  # a read of this sink
+        ("app.public.t.insert", _id(SEQUIN, 30, 2)),
+        *[("crm.public.t.insert", _id(theirs, 1, idx)) for idx in range(5)],  # the tail: below since_lsn, not ours
+    ]
+    _stream(nc, names, messages)
+    found = runtime.run(already_published(nc, names.stream, _ours(names), SEQUIN, 20))
+    assert found == {_id(SEQUIN, 20), _id(SEQUIN, 30, 2), SEQUIN.encode_read("bf", "[1]").decode()}
+    assert horizon(found, SEQUIN) == 30
+    # the other database's tail (its lsn 1 < 20) does not end the probe there: it goes back
+    # until this sink's messages are older (here: the stream's start)
+    assert runtime.run(_boundary(nc, names.stream, _ours(names), 1, len(messages), SEQUIN, 20)) == 1
