@@ -13,6 +13,7 @@ Step ids derive from sink names: with recovery (``-r``) a renamed sink starts af
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import re
 import sys
@@ -33,9 +34,13 @@ from dataflows.logs import configure_logging
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
 from transforms.convert import converting
+from transforms.differences import differences
 from transforms.envelope import Envelope
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
+
+
+log = logging.getLogger("walflow.sequin")
 
 
 def _step(name: str) -> str:
@@ -69,6 +74,9 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
+    for sink in sinks:
+        for line in differences(sink):
+            log.info(line)
     replay_from = confirmed_lsn(db)
     publishers = {sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name) for sink in sinks}
     replay_horizon = max(publish.prepare() for publish in publishers.values())

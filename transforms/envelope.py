@@ -49,6 +49,7 @@ file has Sequin's), else UUIDs derived from the names: stable across runs and ma
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import uuid
@@ -57,7 +58,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
-import orjson
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
@@ -99,9 +99,14 @@ def _json(value: Any) -> bytes:
     return to_json(value, inf_nan_mode="strings", fallback=str)
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")  # json.loads accepts NaN and Infinity; Jason does not
+
+
 def derived_id(kind: str, *names: str) -> str:
-    """A UUID for a consumer or database that the config gives no ``id``: the same for the same names."""
-    return str(uuid.uuid5(_ID_NAMESPACE, "/".join((kind, *names))))
+    """A UUID for a consumer or database that the config gives no ``id``: the same for the
+    same names, and distinct names never share one (they are joined as a JSON array)."""
+    return str(uuid.uuid5(_ID_NAMESPACE, to_json([kind, *names]).decode()))
 
 
 class Envelope:
@@ -109,7 +114,7 @@ class Envelope:
 
     def __init__(self, sink: SinkConfig, database: DatabaseConfig) -> None:
         self._database = database.name
-        self._ids = IdScheme(database.name, sink.name)
+        self._ids = IdScheme(database.name, sink.name, sink.destination.msg_id)
         self._record_only = sink.message_kind == "record"
         consumer = {"id": sink.id or derived_id("consumer", database.name, sink.name), "name": sink.name,
                     "annotations": sink.annotations}
@@ -197,9 +202,9 @@ class Envelope:
             return b"null"
         last, rendered = self._last_annotations
         if text is not last and text != last:
-            try:
-                rendered = _json(orjson.loads(text))
-            except orjson.JSONDecodeError as exc:
+            try:  # json, not orjson: integers beyond 64 bits stay exact, as in Jason (once per transaction)
+                rendered = _json(json.loads(text, parse_constant=_not_json))
+            except ValueError as exc:
                 log.warning("transaction annotations are not JSON (%s): published as null: %.200r", exc, text)
                 rendered = b"null"
             self._last_annotations = (text, rendered)
@@ -243,8 +248,13 @@ class Envelope:
 
 
 def _differs(before: Any, after: Any) -> bool:
-    """``before != after``, except that NaN equals NaN: a NaN column that stayed NaN did not change."""
-    return bool(before != after) and not (_is_nan(before) and _is_nan(after))
+    """``before != after``, except that NaN equals NaN, also inside arrays: a NaN that stayed
+    NaN did not change (Sequin compares the text "NaN")."""
+    if before == after:
+        return False
+    if type(before) is list and type(after) is list:
+        return len(before) != len(after) or any(_differs(b, a) for b, a in zip(before, after, strict=True))
+    return not (_is_nan(before) and _is_nan(after))
 
 
 def _is_nan(value: Any) -> bool:

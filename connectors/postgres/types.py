@@ -11,7 +11,8 @@ that for every built-in type, so walflow never parses a type by hand. What this 
   the same JSON): bytea, ranges and multiranges (built-in and custom), oidvector and
   int2vector load as Postgres's own text (``\\x0102``, ``[1,10)``, ``1 2 3``), as Sequin's
   value caster leaves them; intervals as ``{"months", "days", "microseconds"}``
-  (:class:`IntervalLoader`: psycopg's own folds months into 30 days and years into 365).
+  (:class:`IntervalLoader`: psycopg's own folds months into 30 days and years into 365);
+  pgvector's ``vector`` as a list of floats (:class:`PgvectorLoader`), found by its name.
 - **inet, cidr** and their arrays load as Postgres's own text (``str``): Python's
   :mod:`ipaddress` would rewrite some of them (``::ffff:1.2.3.4`` → ``::ffff:102:304``).
 - **Partitions** are described as their parent table (schema, name), as Sequin reports them:
@@ -165,6 +166,15 @@ class IntervalLoader(PsycopgLoader):
         }
 
 
+class PgvectorLoader(PsycopgLoader):
+    """pgvector's ``vector`` (``[1,2.5,3]``) as a list of floats, as Sequin's value caster
+    reads it (``1`` is ``1.0``: the elements are float4)."""
+
+    def load(self, data: Buffer) -> list[float]:
+        inner = bytes(data).strip()[1:-1]
+        return [float(item) for item in inner.split(b",")] if inner.strip() else []
+
+
 def _register_loaders(conn: psycopg.Connection[Any]) -> None:
     """The loaders walflow wants instead of psycopg's defaults, on ``conn`` only. Arrays of
     these types (psycopg knows their OIDs) pick up the element loaders from the same map."""
@@ -295,6 +305,8 @@ class Catalog:
             info = TypeInfo(name, element, oid, delimiter=delimiter)
             register_array(info, self._conn)
             return oid
+        if typtype == "b" and name.rpartition(".")[2] == "vector":  # pgvector, wherever it was installed
+            self._conn.adapters.register_loader(oid, PgvectorLoader)
         return oid  # enums load as their label (str); ranges, composites and others as their text
 
     def _builtin(self, oid: int) -> int | None:

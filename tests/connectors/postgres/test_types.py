@@ -17,7 +17,7 @@ import pytest
 
 from connectors.postgres.connection import conninfo
 from connectors.postgres.relations import Column, Relation, TypeName
-from connectors.postgres.types import Catalog
+from connectors.postgres.types import Catalog, PgvectorLoader
 from tests.harness import Database
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -356,3 +356,13 @@ def test_a_partition_is_described_as_its_parent_as_sequin_reports_it(conn: Conn)
     assert (leaf.schema, leaf.name, leaf.key_columns) == ("public", "events", ("id", "at"))
     plain = catalog.describe(relation_of(conn, "plain.t"))
     assert (plain.schema, plain.name) == ("plain", "t")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(b"[1,2.5,-3e-05]", [1.0, 2.5, -3e-05]), (b"[]", []), (b"[0]", [0.0])],
+)
+def test_pgvector_values_load_as_lists_of_floats(text: bytes, expected: list[float]) -> None:
+    """pgvector is not installed here: the loader alone, on its text output."""
+    got = PgvectorLoader(0).load(text)
+    assert got == expected and all(type(v) is float for v in got)
