@@ -165,15 +165,16 @@ def test_seed_config_runs_unchanged(
         lsns = [e.event["metadata"]["commit_lsn"] for e in events if e.event["record"]["id"] == row]
         assert lsns == sorted(lsns)
     assert [(e.subject, e.event["action"], e.event["record"], e.event["changes"]) for e in by_commit] == [
-        ("walflow.abc-source.public.users.insert", "insert", {"id": 1, "email": "ada@example.com"}, None),
-        ("walflow.abc-source.public.users.insert", "insert", {"id": 2, "email": "grace@example.com"}, None),
-        ("walflow.abc-source.public.users.update", "update", {"id": 1, "email": "ada@lovelace.org"}, None),
-        ("walflow.abc-source.public.users.delete", "delete", {"id": 2}, None),
+        # the seed sets no subject_prefix: Sequin's subjects
+        ("sequin.abc-source.public.users.insert", "insert", {"id": 1, "email": "ada@example.com"}, None),
+        ("sequin.abc-source.public.users.insert", "insert", {"id": 2, "email": "grace@example.com"}, None),
+        ("sequin.abc-source.public.users.update", "update", {"id": 1, "email": "ada@lovelace.org"}, {}),
+        ("sequin.abc-source.public.users.delete", "delete", {"id": 2, "email": None}, None),
     ]
     for e in events:
         meta = e.event["metadata"]
         assert (meta["database_name"], meta["table_schema"], meta["table_name"]) == ("abc-source", "public", "users")
-        assert meta["consumer"] == {"name": "abc-to-nats"} and e.msg_id == meta["idempotency_key"]
+        assert meta["consumer"]["name"] == "abc-to-nats" and e.msg_id == meta["idempotency_key"]
     assert "account is ignored" in log and "users is ignored" in log
     # the server really asks for the user: the pipeline's publishes went through with the seed's credentials
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
