@@ -78,7 +78,10 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         for line in differences(sink):
             log.info(line)
     replay_from = confirmed_lsn(db)
-    publishers = {sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name) for sink in sinks}
+    publishers = {
+        sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks)
+        for sink in sinks
+    }
     replay_horizon = max(publish.prepare() for publish in publishers.values())
     flow = Dataflow("walflow")
     source = PostgresSource(
