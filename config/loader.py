@@ -1,7 +1,9 @@
-"""Reading a config file: interpolate, parse YAML, drop Sequin-only keys, validate.
+"""Reading a config file: parse YAML, drop Sequin-only keys, interpolate, validate.
 
 Every error names the key path (``sinks[0].destination.port: …``) and says what is
-expected, so a user can fix the file without reading walflow's code.
+expected, so a user can fix the file without reading walflow's code. Keys are dropped before
+references are resolved, so a variable that only a dropped key uses (``users:`` …) need
+not be set.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import os
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from config.interpolate import InterpolationError, interpolate
+from config.interpolate import InterpolationError, Marked
 from config.schema import Config, Section
 from core.errors import FatalError
 
 log = logging.getLogger("walflow.config")
 
 DEFAULT_PATH = "config/walflow.yaml"
-_SECRET_KEYS = frozenset({"password", "jwt", "nkey_seed", "token"})
+_SECRET_KEYS = frozenset({"password", "jwt", "nkey_seed", "token", "url"})
 
 Location = Sequence[str | int]
 
@@ -58,17 +60,22 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
 def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None) -> Config:
     """Validate config ``text``; warnings go to the ``walflow.config`` logger."""
     try:
-        expanded = interpolate(text, os.environ if env is None else env)
+        marked = Marked(text)
     except InterpolationError as exc:
-        raise ConfigError(source, [f"{_path_at(text, exc.offset)}: {exc}"]) from None
+        raise ConfigError(source, [f"(top level): {exc}"]) from None
     try:
-        data = yaml.safe_load(expanded)
+        data = yaml.safe_load(marked.text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [_yaml_problem(exc)]) from None
+        raise ConfigError(source, [_yaml_problem(exc, marked)]) from None
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping with databases: and sinks:"])
-    for warning in drop_ignored(Config, data, ()):
+    restore_keys(marked, data)
+    warnings = drop_ignored(Config, data, ())
+    problems = resolve_references(marked, data, os.environ if env is None else env)
+    for warning in warnings:
         log.warning(warning)
+    if problems:
+        raise ConfigError(source, problems)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -131,6 +138,50 @@ def _section_for(field: FieldInfo, data: Any) -> type[Section] | None:
         return _tagged(field, data.get(_discriminator(field)) if isinstance(data, dict) else None)
     models = _sections(field.annotation)
     return models[0] if models else None
+
+
+# -- references ------------------------------------------------------------------------------
+
+
+def restore_keys(marked: Marked, data: Any) -> None:
+    """Give ``data``'s keys their text back: keys are not interpolated (as in Sequin)."""
+    for container, _ in _containers(data, []):
+        if isinstance(container, dict):
+            items = [(marked.restore(key) if isinstance(key, str) else key, value) for key, value in container.items()]
+            container.clear()
+            container.update(items)
+
+
+def resolve_references(marked: Marked, data: Any, env: Mapping[str, str]) -> list[str]:
+    """Resolve the references in ``data``'s strings in place; one problem per value that cannot be resolved."""
+    problems = []
+    for container, loc in _containers(data, []):
+        for key in range(len(container)) if isinstance(container, list) else list(container):
+            if isinstance(value := container[key], str):
+                try:
+                    container[key] = marked.resolve(value, env)
+                except InterpolationError as exc:
+                    problems.append(f"{format_path([*loc, _part(container, key)])}: {exc}")
+    return problems
+
+
+def _containers(data: Any, loc: list[str | int]) -> Iterator[tuple[dict[Any, Any] | list[Any], list[str | int]]]:
+    """Every mapping and list in ``data`` once (YAML aliases share them), with its path, parents first."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, list[str | int]]] = [(data, loc)]
+    while stack:
+        container, where = stack.pop()
+        if not isinstance(container, dict | list) or id(container) in seen:
+            continue
+        seen.add(id(container))
+        yield container, where
+        items = enumerate(container) if isinstance(container, list) else container.items()
+        stack.extend((value, [*where, _part(container, key)]) for key, value in reversed(list(items)))
+
+
+def _part(container: dict[Any, Any] | list[Any], key: Any) -> str | int:
+    """``key`` as a part of a path: an index in a list, a name in a mapping (whatever YAML made of it)."""
+    return key if isinstance(container, list) else str(key)
 
 
 # -- error messages --------------------------------------------------------------------------
@@ -218,35 +269,8 @@ def _walk(loc: Location) -> tuple[list[str | int], type[BaseModel] | None]:
     return out, model
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def _yaml_problem(exc: yaml.YAMLError, marked: Marked) -> str:
     mark = getattr(exc, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(somewhere)"
+    where = "line {}, column {}".format(*marked.position(mark.index)) if mark is not None else "(somewhere)"
     problem = getattr(exc, "problem", None) or str(exc)
     return f"{where}: not valid YAML: {problem}"
-
-
-def _path_at(text: str, offset: int) -> str:
-    """The key path of the YAML value around ``offset`` in the raw text (or its line number)."""
-    line = text.count("\n", 0, offset) + 1
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return f"line {line}"
-    loc = _locate(root, offset, [])
-    return format_path(loc) if loc else f"line {line}"
-
-
-def _locate(node: yaml.Node | None, offset: int, loc: list[str | int]) -> list[str | int] | None:
-    if node is None or not node.start_mark.index <= offset < max(node.end_mark.index, node.start_mark.index + 1):
-        return None
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            found = _locate(value, offset, [*loc, key.value])
-            if found is not None:
-                return found
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            found = _locate(item, offset, [*loc, i])
-            if found is not None:
-                return found
-    return loc

@@ -154,9 +154,9 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         (("hostname: 127.0.0.1", "hostname: ${WF_UNSET_HOST}"),
          "databases[0].hostname: ${WF_UNSET_HOST} is not set: export WF_UNSET_HOST, or give a default with "
          "${WF_UNSET_HOST:-value}"),
-        (("host: 127.0.0.1 }", "host: '${NATS-HOST}' }"),
-         "sinks[0].destination.host: '${NATS-HOST}' is not a valid reference: write ${NAME} or ${NAME:-default} "
-         "(NAME: letters, digits and underscores, not starting with a digit); write $${ for a literal ${"),
+        (("host: 127.0.0.1 }", "host: '${NATS.HOST}' }"),
+         "sinks[0].destination.host: '${NATS.HOST}' is not a valid reference: write ${NAME}, ${NAME:-default} or "
+         "$NAME (NAME: letters, digits and underscores, not starting with a digit); write $${ for a literal ${"),
         (("hostname: 127.0.0.1", "hostname: ${PGHOST"), "databases[0].hostname: '${PGHOST' has no closing '}'"),
     ],
 )
