@@ -72,6 +72,7 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
     restore_keys(marked, data)
     warnings = drop_ignored(Config, data, ())
     problems = resolve_references(marked, data, os.environ if env is None else env)
+    warnings += replace_values(Config, data, ())
     for warning in warnings:
         log.warning(warning)
     if problems:
@@ -87,13 +88,42 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
 
 def drop_ignored(model: type[Section], data: Any, loc: Location) -> list[str]:
     """Remove the keys that ``model`` (and the models below it) ignore; return one warning each."""
-    if not isinstance(data, dict):
-        return []
     warnings = []
-    for key, reason in model.ignored.items():
-        if key in data:
-            del data[key]
-            warnings.append(f"{format_path([*loc, key])} is ignored: {reason}")
+    for section, values, where in _sections_in(model, data, loc):
+        for key, reason in section.ignored.items():
+            if key in values:
+                del values[key]
+                warnings.append(f"{format_path([*where, key])} is ignored: {reason}")
+        if section.unknown_keys is not None:
+            for key in [key for key in values if key not in section.model_fields]:
+                del values[key]
+                # closer than for errors: a YAML anchor's base is no typo of "databases"
+                close = difflib.get_close_matches(str(key), [*section.model_fields, *section.ignored], n=1, cutoff=0.8)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                warnings.append(f"{format_path([*where, str(key)])} is ignored: {section.unknown_keys}{hint}")
+    return warnings
+
+
+def replace_values(model: type[Section], data: Any, loc: Location) -> list[str]:
+    """Put walflow's value where ``model`` (or a model below it) replaces Sequin's; one warning each."""
+    warnings = []
+    for section, values, where in _sections_in(model, data, loc):
+        for key, replacements in section.replaced.items():
+            value = values.get(key)
+            if isinstance(value, str) and value in replacements:
+                values[key], reason = replacements[value]
+                warnings.append(f"{format_path([*where, key])}: {value} is run as {values[key]}: {reason}")
+    return warnings
+
+
+def _sections_in(
+    model: type[Section], data: Any, loc: Location
+) -> Iterator[tuple[type[Section], dict[Any, Any], Location]]:
+    """Each mapping in ``data`` that a Section validates, with its model and path, parents first
+    (a parent's keys may be changed before its children are looked up)."""
+    if not isinstance(data, dict):
+        return
+    yield model, data, loc
     for name, field in model.model_fields.items():
         if name not in data:
             continue
@@ -101,10 +131,9 @@ def drop_ignored(model: type[Section], data: Any, loc: Location) -> list[str]:
         if isinstance(value, list):
             for i, item in enumerate(value):
                 if (child := _section_for(field, item)) is not None:
-                    warnings += drop_ignored(child, item, [*loc, name, i])
+                    yield from _sections_in(child, item, [*loc, name, i])
         elif (child := _section_for(field, value)) is not None:
-            warnings += drop_ignored(child, value, [*loc, name])
-    return warnings
+            yield from _sections_in(child, value, [*loc, name])
 
 
 def _sections(annotation: Any) -> list[type[Section]]:

@@ -1,9 +1,13 @@
 """The configuration schema: Sequin's YAML for a Postgres source and NATS sinks, plus ``walflow:``.
 
-Every model forbids unknown keys, so a typo is an error that names its path. Keys that
-Sequin knows but walflow does not use are listed in a model's ``ignored`` mapping with the
-reason; the loader drops them with one warning each. Secrets are ``SecretStr``: they print
-as ``**********`` in ``repr()``, logs and error messages.
+Every model forbids unknown keys, so a typo is an error that names its path (at the top
+level, where Sequin ignores what it does not know, they are dropped with a warning). Keys
+that Sequin knows but walflow does not use are listed in a model's ``ignored`` mapping with
+the reason, and Sequin values that walflow runs as another in its ``replaced`` mapping; the
+loader applies both with one warning each. Sequin's other spellings (a database ``url``, a
+sink's ``schema``) are mapped by validators, and keys whose meaning walflow cannot keep are
+errors that say what to write instead. Secrets are ``SecretStr``: they print as
+``**********`` in ``repr()``, logs and error messages.
 
 Adding a tunable is one line in ``WalflowSettings`` (or in the model it belongs to), with
 its default and a comment on why that default.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -24,14 +29,16 @@ from pydantic import (
     FilePath,
     SecretStr,
     Tag,
+    TypeAdapter,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Milliseconds = Annotated[int, Field(gt=0)]
 Action = Literal["insert", "update", "delete"]
-
 
 
 class Section(BaseModel):
@@ -41,12 +48,28 @@ class Section(BaseModel):
 
     #: Sequin keys accepted and dropped with a warning: key -> why walflow does not use it.
     ignored: ClassVar[Mapping[str, str]] = {}
+    #: Sequin values run as another value, with a warning: key -> {Sequin's value: (walflow's, why)}.
+    replaced: ClassVar[Mapping[str, Mapping[str, tuple[str, str]]]] = {}
+    #: None: an unknown key is an error; else unknown keys are dropped with this reason.
+    unknown_keys: ClassVar[str | None] = None
+
+
+def _refused(problems: Mapping[str, str], data: Any) -> ValidationError:
+    """An error at each key of ``problems`` (key -> message) in the section being validated:
+    a ValueError from a model validator would name only the section."""
+    return ValidationError.from_exception_data("refused", [
+        InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(key,), input=data)
+        for key, message in problems.items()
+    ])
 
 
 def _qualified_table(value: str) -> str:
+    """``schema.table``; a bare ``table`` is ``public.table``, as Sequin reads it."""
     schema, dot, table = value.partition(".")
-    if not dot or not schema or not table:
-        raise ValueError(f"'{value}' is not a qualified table name: write schema.table, e.g. public.{value or 'orders'}")
+    if not dot and schema:
+        return f"public.{value}"
+    if not schema or not table:
+        raise ValueError(f"'{value}' is not a table name: write schema.table (or table, for public.table)")
     return value
 
 
@@ -81,6 +104,12 @@ class SlotConfig(Section):
 
 
 class PublicationConfig(Section):
+    ignored: ClassVar[Mapping[str, str]] = {
+        "schemas": "Sequin does not read it either: a publication walflow creates is FOR ALL TABLES, as "
+                   "Sequin's; to publish some schemas only, write init_sql: CREATE PUBLICATION ... FOR TABLES "
+                   "IN SCHEMA ...",
+    }
+
     name: str = Field(min_length=1, max_length=63)
     create_if_not_exists: bool = False
     #: Sequin's statement for creating the publication; default: FOR ALL TABLES.
@@ -94,11 +123,54 @@ class AwaitDatabase(Section):
     interval_ms: Milliseconds = 3_000
 
 
+#: Where a ``url``'s parts go; Sequin allows none of these keys beside a ``url``.
+_URL_KEYS = ("hostname", "port", "database", "username", "password")
+#: libpq's ``sslmode`` as walflow's ``ssl`` (``ssl: true`` is ``sslmode=require``, false ``prefer``).
+_SSLMODES = {"disable": False, "allow": False, "prefer": False, "require": True}
+#: A flag as the schema reads one (``false``, ``"false"`` from a reference, ``0`` …).
+_FLAG = TypeAdapter(bool)
+
+
+def _from_url(url: Any) -> tuple[dict[str, Any], str | None]:
+    """A ``postgres://user:password@host:port/database?sslmode=…`` URL as database keys, or why it
+    cannot be one. The message never repeats the URL, which holds the password."""
+    example = "postgres://user:password@host:5432/database"
+    if not isinstance(url, str):
+        return {}, f"expected a URL like {example}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        return {}, f"expected a postgres:// or postgresql:// URL, like {example}"
+    if "," in parts.netloc:
+        return {}, "give one host: walflow reads the slot of one server"
+    try:
+        port = parts.port
+    except ValueError:
+        return {}, f"the port is not a number from 1 to 65535 (a URL like {example})"
+    database = unquote(parts.path.removeprefix("/"))
+    if not parts.hostname or not database:
+        return {}, f"the URL needs a host and a database name, like {example}"
+    keys: dict[str, Any] = {"hostname": parts.hostname, "database": database}
+    if port is not None:
+        keys["port"] = port
+    if parts.username:
+        keys["username"] = unquote(parts.username)
+    if parts.password is not None:
+        keys["password"] = unquote(parts.password)
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name != "sslmode":
+            return {}, f"the URL's parameter {name} is not supported; only sslmode is (as ssl:)"
+        if value not in _SSLMODES:
+            return {}, (f"sslmode={value} is not supported: walflow's ssl: true encrypts without verifying the "
+                        "server's certificate (sslmode=require); use sslmode=require, or disable/prefer")
+        keys["ssl"] = _SSLMODES[value]
+    return keys, None
+
+
 class DatabaseConfig(Section):
     ignored: ClassVar[Mapping[str, str]] = {
         "pool_size": "walflow opens its own two connections (replication and heartbeats)",
         "tables": "the publication decides which tables are captured; filter per sink with source.*",
-        "primary": "reading from a standby is not supported yet; point hostname at the primary",
+        "ipv6": "libpq tries every address the hostname resolves to, IPv6 and IPv4",
     }
 
     name: str = Field(min_length=1)
@@ -131,6 +203,48 @@ class DatabaseConfig(Section):
                     data[key] = {"name": data.pop(legacy)}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sequin_connection(cls, data: Any) -> Any:
+        """Sequin's other ways to say where the database is: ``url`` is mapped onto hostname, port,
+        database, username, password and ssl; ``use_local_tunnel: false`` (connect directly) is
+        what walflow does; a tunnel or a ``primary`` beside a standby cannot be honoured."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        problems: dict[str, str] = {}
+        if "url" in data:
+            keys, problem = _from_url(data.pop("url"))
+            given = [key for key in _URL_KEYS if data.get(key) is not None]
+            if problem is None and given:
+                problem = f"give either url or {', '.join(given)}, not both (as in Sequin)"
+            if problem is None and "ssl" in keys and data.get("ssl") is not None:
+                problem = "give either ssl or the URL's sslmode, not both"
+            if problem is None:
+                data.update(keys)
+            else:
+                problems["url"] = problem
+        try:
+            tunnel = _FLAG.validate_python(data.pop("use_local_tunnel", False))
+        except ValidationError:
+            problems["use_local_tunnel"] = "Input should be a valid boolean"
+        else:
+            if tunnel:
+                problems["use_local_tunnel"] = (
+                    "walflow connects to the database directly, not through Sequin Cloud's tunnel; point hostname "
+                    "and port at the tunnel's local end (or at the database), and remove use_local_tunnel"
+                )
+        if data.get("primary") is not None:
+            problems["primary"] = (
+                "walflow reads the slot on the server it connects to and writes its heartbeats and backfill "
+                "watermarks there (pg_logical_emit_message), which a standby cannot take; point hostname at the "
+                "primary and remove primary:"
+            )
+        if problems:
+            raise _refused(problems, data)
+        data.pop("primary", None)  # null: none, as Sequin reads it
+        return data
+
 
 # -- sinks -------------------------------------------------------------------------------
 
@@ -148,7 +262,13 @@ class TableConfig(Section):
     """Per-table settings (Sequin's ``tables``): the columns that group a row's changes."""
 
     name: QualifiedTable
-    group_column_names: list[str] = Field(min_length=1)
+    #: None: the table's primary key (Sequin's export writes ``[]`` for that).
+    group_column_names: list[str] | None = None
+
+    @field_validator("group_column_names")
+    @classmethod
+    def _empty_is_key(cls, value: list[str] | None) -> list[str] | None:
+        return value or None
 
 
 class StreamConfig(Section):
@@ -170,6 +290,10 @@ class StreamConfig(Section):
 
 class NatsDestination(Section):
     """Sequin's NATS sink keys (host, port, credentials, tls) plus walflow's additions."""
+
+    ignored: ClassVar[Mapping[str, str]] = {
+        "connection_id": "Sequin's id of its NATS connection; walflow names its connections itself",
+    }
 
     type: Literal["nats"]
     host: str | None = None
@@ -249,6 +373,10 @@ class InitialBackfill(Section):
 NoFunction = Literal["none"]
 
 
+#: What ``sequin config export`` writes about a sink's state in Sequin, not its configuration.
+_SEQUIN_BOOKKEEPING = "Sequin's bookkeeping (sequin config export writes it), not configuration"
+
+
 class SinkConfig(Section):
     ignored: ClassVar[Mapping[str, str]] = {
         "batch_size": "walflow batches by itself (many messages in flight, acknowledged per epoch)",
@@ -260,6 +388,23 @@ class SinkConfig(Section):
         "max_ack_pending": "only used by Sequin Stream sinks",
         "max_waiting": "only used by Sequin Stream sinks",
         "max_deliver": "only used by Sequin Stream sinks",
+        "consumer_start": "Sequin ignores it too (it started its former record consumers); to publish the rows "
+                          "a table has, set initial_backfill",
+        "active_backfill": "a backfill running in Sequin does not carry over; request one with walflow backfill",
+        "active_backfills": "a backfill running in Sequin does not carry over; request one with walflow backfill",
+        "health": "Sequin's health report at export; walflow reports its own at /healthz and /readyz",
+        "inserted_at": _SEQUIN_BOOKKEEPING,
+        "updated_at": _SEQUIN_BOOKKEEPING,
+        "account_id": _SEQUIN_BOOKKEEPING,
+        "replication_slot_id": _SEQUIN_BOOKKEEPING,
+        "sequence_id": _SEQUIN_BOOKKEEPING,
+    }
+    replaced: ClassVar[Mapping[str, Mapping[str, tuple[str, str]]]] = {
+        "status": {"paused": (
+            "disabled",
+            ("walflow cannot hold a paused sink's changes without holding the slot's WAL; to resume without a "
+             "gap, set status: active and request a backfill (walflow backfill --sink NAME --table SCHEMA.TABLE)"),
+        )},
     }
 
     name: str = Field(min_length=1)
@@ -300,6 +445,20 @@ class SinkConfig(Section):
     def _unique_actions(cls, value: list[str]) -> list[str]:
         return list(dict.fromkeys(value))
 
+    @field_validator("source", "tables", "initial_backfill", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """Sequin reads null as not given (its export writes ``tables:`` empty for a sink without
+        per-table settings)."""
+        if value is None and info.field_name is not None:
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return value
+
+    @field_validator("group_column_names")
+    @classmethod
+    def _empty_is_key(cls, value: list[str] | None) -> list[str] | None:
+        return value or None
+
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, data: Any) -> Any:
@@ -307,11 +466,27 @@ class SinkConfig(Section):
             raise ValueError("column filters (filters:) are not supported yet; filter with source.* and actions")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_schema(cls, data: Any) -> Any:
+        """Older Sequin configs say ``schema: public`` for every table of a schema: Sequin reads it as
+        ``source: {include_schemas: [public]}``, and so does walflow."""
+        if not isinstance(data, dict) or "schema" not in data:
+            return data
+        data = dict(data)
+        schema = data.pop("schema")
+        source = data.get("source") or {}
+        if isinstance(source, dict):
+            if source.get("include_schemas") is not None:
+                raise _refused({"schema": "give either schema or source.include_schemas, not both"}, data)
+            data["source"] = {**source, "include_schemas": [schema]}
+        return data
+
     @model_validator(mode="after")
     def _grouping(self) -> SinkConfig:
         if self.group_column_names is not None and self.table is None:
             raise ValueError("group_column_names at sink level needs table: (or use tables: [{name, group_column_names}])")
-        if not self.message_grouping and (self.tables or self.group_column_names):
+        if not self.message_grouping and (self.group_column_names or any(t.group_column_names for t in self.tables)):
             raise ValueError("group columns are set but message_grouping is false: remove one of them")
         return self
 
@@ -394,6 +569,9 @@ class WalflowSettings(Section):
 
 
 class Config(Section):
+    unknown_keys: ClassVar[str | None] = (
+        "not a walflow or Sequin key (Sequin ignores unknown top-level keys too, e.g. the base of a YAML anchor)"
+    )
     ignored: ClassVar[Mapping[str, str]] = {
         "account": "walflow has no accounts",
         "users": "walflow has no users",

@@ -36,7 +36,7 @@ def test_initial_backfill_true_and_per_table_lists() -> None:
 @pytest.mark.parametrize(
     ("entry", "expected"),
     [
-        ("{ table: users }", "sinks[0].initial_backfill[0].table: 'users' is not a qualified table name"),
+        ("{ table: .users }", "sinks[0].initial_backfill[0].table: '.users' is not a table name"),
         ("{ table: public.users, type: partial }", "sinks[0].initial_backfill[0]: a partial backfill "
                                                     "needs sort_column and start_position"),
         ("{ table: public.users, sort_column: id }", "sinks[0].initial_backfill[0]: sort_column and "

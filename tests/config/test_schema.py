@@ -122,8 +122,8 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
          "sinks[0].destination.port: Input should be less than or equal to 65535 (got 70000)"),
         (("database: app\n    destination", "database: app\n    actions: [insert, upsert]\n    destination"),
          "sinks[0].actions[1]: Input should be 'insert', 'update' or 'delete' (got 'upsert')"),
-        (("database: app\n    destination", "database: app\n    status: paused\n    destination"),
-         "sinks[0].status: Input should be 'active' or 'disabled' (got 'paused')"),
+        (("database: app\n    destination", "database: app\n    status: stopped\n    destination"),
+         "sinks[0].status: Input should be 'active' or 'disabled' (got 'stopped')"),
         # missing required
         (("    hostname: 127.0.0.1\n", ""), "databases[0].hostname: required key is missing"),
         (("type: nats, ", ""), "sinks[0].destination.type: required key is missing"),
@@ -145,9 +145,9 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         (("database: app\n    destination", "database: app\n    transform: my_fn\n    destination"),
          "sinks[0].transform: Input should be 'none' (got 'my_fn')"),
         (("database: app\n    destination",
-          "database: app\n    source: { exclude_tables: [json_web_tokens] }\n    destination"),
-         "sinks[0].source.exclude_tables[0]: 'json_web_tokens' is not a qualified table name: write schema.table, "
-         "e.g. public.json_web_tokens"),
+          "database: app\n    source: { exclude_tables: [public.] }\n    destination"),
+         "sinks[0].source.exclude_tables[0]: 'public.' is not a table name: write schema.table (or table, for "
+         "public.table)"),
         (("sinks:\n  - name: out", "walflow: { max_memory_mb: 1 }\nsinks:\n  - name: out"),
          "walflow.max_memory_mb: Input should be greater than or equal to 8 (got 1)"),
         # bad interpolation
