@@ -276,7 +276,7 @@ class StreamConfig(Section):
 
     name: StreamName = "WALFLOW"
     create_if_not_exists: bool = True
-    #: None: ``<subject_prefix>.>``.
+    #: None: ``<subject_prefix>.<database>.>`` (``connectors/nats/stream.py``).
     subjects: list[str] | None = None
     storage: Literal["file", "memory"] = "file"
     replicas: int = Field(default=1, ge=1, le=5)
@@ -336,9 +336,6 @@ class NatsDestination(Section):
         scheme = "tls" if self.tls else "nats"
         return [f"{scheme}://{self.host}:{self.port}"]
 
-    @property
-    def stream_subjects(self) -> list[str]:
-        return self.stream.subjects if self.stream.subjects is not None else [f"{self.subject_prefix}.>"]
 
 
 #: Where a sink publishes, chosen by its ``type``. One kind today (NATS JetStream); another is

@@ -77,7 +77,8 @@ class GroupKey:
         if sink.table is not None and sink.group_column_names is not None:
             configured[sink.table] = tuple(sink.group_column_names)
         for table in sink.tables:
-            configured[table.name] = tuple(table.group_column_names)
+            if table.group_column_names is not None:  # None: the table's key, as for unlisted tables
+                configured[table.name] = tuple(table.group_column_names)
         self._configured = configured
         #: ``schema.table`` -> the last table version seen and its plan: one entry per table,
         #: however many versions (a Relation message per session and per DDL) come by.

@@ -58,7 +58,6 @@ def test_default_config_file_loads_with_defaults() -> None:
     assert config.databases[0].port == 5432  # ${PGPORT:-5432} became an integer
     assert dest.subject_prefix == "walflow"
     assert (dest.stream.name, dest.stream.create_if_not_exists) == ("WALFLOW", True)
-    assert dest.stream_subjects == ["walflow.>"]
     assert dest.stream.duplicate_window_ms == 120_000
     assert config.walflow.max_memory_mb == 128
 

@@ -47,6 +47,12 @@ def test_configured_group_columns_replace_the_key_for_their_table_only() -> None
     assert key(raw_change(schema="app", new=row)) == 'app.orders:["7"]'
 
 
+def test_a_table_entry_without_group_columns_groups_by_the_key() -> None:
+    """Sequin's ``tables: [{name}]`` without ``group_column_names``: the primary key."""
+    key = GroupKey(make_sink(tables=[{"name": "public.orders"}]))
+    assert key(raw_change(new={"id": b"7", "account_id": b"42"})) == 'public.orders:["7"]'
+
+
 def test_legacy_table_and_group_column_names() -> None:
     key = GroupKey(make_sink(table="public.orders", group_column_names=["account_id"]))
     assert key(raw_change(new={"id": b"7", "account_id": b"42"})) == 'public.orders:["42"]'
