@@ -385,6 +385,8 @@ class SinkConfig(Section):
         "max_ack_pending": "only used by Sequin Stream sinks",
         "max_waiting": "only used by Sequin Stream sinks",
         "max_deliver": "only used by Sequin Stream sinks",
+        "message_kind": "Sequin ignores it since v0.14 and publishes the whole message (record, changes, "
+        "action, metadata); so does walflow",
         "consumer_start": "Sequin ignores it too (it started its former record consumers); to publish the rows "
                           "a table has, set initial_backfill",
         "active_backfill": "a backfill running in Sequin does not carry over; request one with walflow backfill",
@@ -409,8 +411,6 @@ class SinkConfig(Section):
     #: None: a UUID derived from the database and sink names, the same on every run.
     id: str | None = Field(default=None, min_length=1)
     database: str
-    #: ``event``: Sequin's envelope (record, changes, action, metadata); ``record``: the row alone.
-    message_kind: Literal["event", "record"] = "event"
     status: Literal["active", "disabled"] = "active"
     actions: list[Action] = Field(default=["insert", "update", "delete"], min_length=1)
     source: SourceFilter = SourceFilter()

@@ -13,8 +13,6 @@ The payload is exactly what Sequin publishes (``shared/CONTRACT.md``; Sequin's
                   "consumer": {"id", "name", "annotations"},
                   "database": {"id", "name", "annotations", "database", "hostname"}}}
 
-With ``message_kind: record`` the payload is the ``record`` alone (Sequin's ``record_only``).
-
 **Record and changes.** ``record`` is the new row (insert, update, a backfill's read) or the
 old row (delete: under REPLICA IDENTITY DEFAULT its non-key columns are ``null``, as in
 Sequin). ``changes`` holds, for an update whose old row Postgres sent (REPLICA IDENTITY
@@ -115,7 +113,6 @@ class Envelope:
     def __init__(self, sink: SinkConfig, database: DatabaseConfig) -> None:
         self._database = database.name
         self._ids = IdScheme(database.name, sink.name, sink.destination.msg_id)
-        self._record_only = sink.message_kind == "record"
         consumer = {"id": sink.id or derived_id("consumer", database.name, sink.name), "name": sink.name,
                     "annotations": sink.annotations}
         described = {"id": database.id or derived_id("database", database.name), "name": database.name,
@@ -154,8 +151,6 @@ class Envelope:
         lsn, idx = change.commit_lsn, change.commit_idx
         read = change.read
         key = self._ids.encode(lsn, idx) if read is None else self._ids.encode_read(read.backfill, read.row_key)
-        if self._record_only:
-            return Message(change.schema, change.table, action, _json(record), key.decode("ascii"))
         head = self._heads.get((change.schema, change.table, action))
         if head is None:
             head = self._head(change.schema, change.table, action)

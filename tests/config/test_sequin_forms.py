@@ -296,12 +296,12 @@ def test_the_nats_connection_id_warns_once(caplog: pytest.LogCaptureFixture) -> 
                         "walflow names its connections itself"]
 
 
-def test_sink_id_and_message_kind_are_used() -> None:
-    config = parse_config(sink("    id: 7d0c0000-0000-4000-8000-000000000002\n    message_kind: record\n"), env={})
-    assert (config.sinks[0].id, config.sinks[0].message_kind) == ("7d0c0000-0000-4000-8000-000000000002", "record")
-    assert parse_config(MINIMAL, env={}).sinks[0].message_kind == "event"
-    assert errors_of(sink("    message_kind: records\n")) == [
-        "sinks[0].message_kind: Input should be 'event' or 'record' (got 'records')"]
+def test_sink_id_is_used_and_message_kind_ignored_as_sequin_does(caplog: pytest.LogCaptureFixture) -> None:
+    """Sequin removed message_kind in v0.14 and ignores it: a file with ``record`` gets whole messages."""
+    config, warnings = warnings_of(caplog, sink("    id: 7d0c0000-0000-4000-8000-000000000002\n    message_kind: record\n"))
+    assert config.sinks[0].id == "7d0c0000-0000-4000-8000-000000000002"
+    assert warnings == ["sinks[0].message_kind is ignored: Sequin ignores it since v0.14 and publishes the whole "
+                        "message (record, changes, action, metadata); so does walflow"]
 
 
 def test_the_legacy_schema_key_is_source_include_schemas() -> None:

@@ -327,13 +327,27 @@ def test_unix_microsecond_converts_record_and_changes_not_the_commit_timestamp(
     assert uuid.UUID(insert["metadata"]["consumer"]["id"])  # no id in the file: derived from the names
 
 
-def test_message_kind_record_publishes_the_row_alone(
+def test_a_backfilled_row_is_sequins_read_message(
     shop: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    """Sequin's ``message_kind: record`` (legacy_transform record_only)."""
-    sink = {"name": SINK, "message_kind": "record", "destination": {"stream": {"name": names.stream}}}
+    """``initial_backfill: true``: existing rows arrive as Sequin's ``read`` (docs/reference/messages.mdx,
+    "Read Example (Backfill)"): the same shape as an insert, ``changes`` null."""
+    with shop.connect() as conn:
+        conn.execute("INSERT INTO orders VALUES (7, 'eu', 'new', NULL)")
+    sink = {"name": SINK, "id": SINK_ID, "initial_backfill": True,
+            "source": {"include_tables": ["public.orders"]}, "destination": {"stream": {"name": names.stream}}}
     config = write_config(tmp_path, shop, nats_srv, names, [sink])
-    _run(config, shop, [lambda c: c.execute("INSERT INTO full_orders VALUES (1, 'new', NULL)")])
-    (only,) = stored(nats_srv.url, names.stream)
-    assert only.event == {"id": 1, "status": "new", "placed": None}
-    assert only.subject == _subject("insert", "full_orders") and only.msg_id
+    written = yaml.safe_load(config.read_text())
+    written["databases"][0]["annotations"] = {"team": "data"}
+    config.write_text(yaml.safe_dump(written))
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: len(stored(nats_srv.url, names.stream)) >= 1, timeout=60, what="the read",
+                 check=lambda: assert_running(proc))
+    (read,) = stored(nats_srv.url, names.stream)
+    expected = Sequin(shop, names, {}).message(
+        read, action="read", table="orders", changes=None, pks=["7", "eu"], idx=read.event["metadata"]["commit_idx"],
+        record={"id": 7, "region": "eu", "status": "new", "note": None})
+    expected["metadata"]["idempotency_key"] = read.msg_id  # walflow's read id: the backfill and the row
+    assert read.subject == _subject("read", "orders")
+    assert read.event == expected
+    assert isinstance(read.event["metadata"]["commit_lsn"], int) and read.event["metadata"]["commit_lsn"] > 0

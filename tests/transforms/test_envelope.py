@@ -299,7 +299,7 @@ def test_the_change_itself_is_left_untouched() -> None:
                                                                             "microseconds": 0}}
     change = make_change("update", new=new, old=old, annotations=b'{"a": 1}')
     before = pickle.dumps(change)
-    for sink in (make_sink(), make_sink(timestamp_format="unix_microsecond"), make_sink(message_kind="record")):
+    for sink in (make_sink(), make_sink(timestamp_format="unix_microsecond")):
         Envelope(sink, make_database())(change)
     assert pickle.dumps(change) == before
     assert change.new is new and change.new["t"] is UNCHANGED_TOAST
@@ -567,8 +567,6 @@ def test_unix_microsecond_format_applies_to_record_and_changes_only() -> None:
         "r": '["2024-01-01 00:00:00+00",)',
     }
     assert payload["changes"] == {"tstz": TS_US - 123456, "ts": None}
-    record_only = envelope(make_sink(timestamp_format="unix_microsecond", message_kind="record"))
-    assert json.loads(record_only(make_change(new=new)).payload)["tstz"] == TS_US
 
 
 def test_iso8601_timestamps_in_changes_have_six_fractional_digits() -> None:
@@ -689,28 +687,6 @@ def test_database_name_and_postgres_database_are_apart() -> None:
     assert metadata["database_name"] == "shop"
     assert (metadata["database"]["name"], metadata["database"]["database"], metadata["database"]["hostname"]) == (
         "shop", "shop_production", "10.0.0.5")
-
-
-# -- message_kind: record ------------------------------------------------------------------
-
-
-def test_record_message_kind_publishes_the_record_alone() -> None:
-    events, records = envelope(), envelope(make_sink(message_kind="record"))
-    changes = [
-        make_change(idx=1),
-        make_change("update", new={"id": 7, "body": UNCHANGED_TOAST, "at": dt.datetime(2024, 1, 2)}, idx=2),
-        make_change("update", old=dict(ROW, status="new"), idx=3),
-        make_change("delete", old={"id": 7, "status": None, "amount": None}, idx=4),
-        make_change("read", read=ReadOf("app-to-nats", "b1", '["7"]')),
-    ]
-    for change in changes:
-        event, alone = events(change), records(change)
-        assert json.loads(alone.payload) == json.loads(event.payload)["record"]
-        assert alone.msg_id == event.msg_id
-        assert (alone.schema, alone.table, alone.action) == (event.schema, event.table, event.action)
-    assert records(changes[0]).payload == b'{"id":7,"status":"paid","amount":"12.50"}'
-    assert json.loads(records(changes[1]).payload) == {"id": 7, "body": "unchanged_toast",
-                                                         "at": "2024-01-02T00:00:00.000000"}
 
 
 # -- idempotency ---------------------------------------------------------------------------
@@ -845,7 +821,7 @@ def test_changes_are_the_old_values_that_differ(columns: dict[str, tuple[Any, An
 
     expected = {name: before for name, (before, after) in columns.items() if not same(before, after)}
     changes = render(make_change("update", new=new, old=old))["changes"]
-    assert changes == json.loads(envelope(make_sink(message_kind="record"))(make_change(new=expected)).payload)
+    assert changes == render(make_change(new=expected))["record"]
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(0, 2**31))
