@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,6 +74,7 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
     warnings = drop_ignored(Config, data, ())
     problems = resolve_references(marked, data, os.environ if env is None else env)
     warnings += replace_values(Config, data, ())
+    warnings += masked_secrets(data, ())
     for warning in warnings:
         log.warning(warning)
     if problems:
@@ -81,6 +83,30 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, [describe(error) for error in exc.errors()]) from None
+
+
+# -- secrets an export masked ---------------------------------------------------------------
+
+#: Sequin.String.obfuscate's output: all stars (up to 5 characters), one character, stars and
+#: one (6-9), three, 2-20 stars and one (longer).
+_MASKED = re.compile(r"\*{1,5}|.\*{4,7}.|.{3}\*{2,20}.", re.DOTALL)
+
+
+def masked_secrets(data: Any, loc: Location) -> list[str]:
+    """One warning per secret that looks as ``sequin config export`` writes it without
+    ``--show-sensitive``: used as it is, it would only fail later, as a failed login."""
+    found = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key in _SECRET_KEYS and isinstance(value, str) and _MASKED.fullmatch(value):
+                found.append(f"{format_path([*loc, str(key)])} looks masked, as `sequin config export` writes "
+                             "secrets without --show-sensitive: export again with it, or write the secret")
+            else:
+                found += masked_secrets(value, [*loc, str(key)])
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += masked_secrets(value, [*loc, i])
+    return found
 
 
 # -- ignored keys --------------------------------------------------------------------------

@@ -382,3 +382,15 @@ def test_keys_are_not_interpolated(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_yaml_error_names_the_files_line_and_column() -> None:
     assert errors_of("databases: [${A:-x}, ${B:-y}\n") == [
         "line 2, column 1: not valid YAML: expected ',' or ']', but got '<stream end>'"]
+
+
+@pytest.mark.parametrize("masked", ["*****", "p******d", "sec******e", "sou********************d"])
+def test_a_secret_masked_by_an_export_warns(caplog: pytest.LogCaptureFixture, masked: str) -> None:
+    _, warnings = warnings_of(caplog, MINIMAL.replace("database: app\n", f"database: app\n    password: '{masked}'\n", 1))
+    assert warnings == ["databases[0].password looks masked, as `sequin config export` writes secrets without "
+                        "--show-sensitive: export again with it, or write the secret"]
+
+
+def test_a_real_secret_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    _, warnings = warnings_of(caplog, MINIMAL.replace("database: app\n", "database: app\n    password: 'pa**word'\n", 1))
+    assert warnings == []
