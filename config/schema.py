@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -146,16 +146,20 @@ def _from_url(url: Any) -> tuple[dict[str, Any], str | None]:
         port = parts.port
     except ValueError:
         return {}, f"the port is not a number from 1 to 65535 (a URL like {example})"
-    database = unquote(parts.path.removeprefix("/"))
-    if not parts.hostname or not database:
+    # as Sequin's URI.parse: nothing percent-decoded, the host as written (it is metadata.database.hostname)
+    database = parts.path.removeprefix("/")
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    host = hostport[1:hostport.find("]")] if hostport.startswith("[") else hostport.partition(":")[0]
+    if not host or not database:
         return {}, f"the URL needs a host and a database name, like {example}"
-    keys: dict[str, Any] = {"hostname": parts.hostname, "database": database}
+    keys: dict[str, Any] = {"hostname": host, "database": database}
     if port is not None:
         keys["port"] = port
-    if parts.username:
-        keys["username"] = unquote(parts.username)
-    if parts.password is not None:
-        keys["password"] = unquote(parts.password)
+    username, colon, password = userinfo.partition(":")
+    if username:
+        keys["username"] = username
+    if colon:
+        keys["password"] = password
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name != "sslmode":
             return {}, f"the URL's parameter {name} is not supported; only sslmode is (as ssl:)"

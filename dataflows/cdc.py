@@ -39,7 +39,6 @@ from transforms.envelope import Envelope
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 
-
 log = logging.getLogger("walflow.sequin")
 
 
@@ -75,7 +74,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     if not sinks:
         raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
     for sink in sinks:
-        for line in differences(sink):
+        for line in differences(sink, db):
             log.info(line)
     replay_from = confirmed_lsn(db)
     publishers = {

@@ -59,7 +59,10 @@ def _pks(table: Table, raw: RawRow, old: RawRow | None) -> tuple[str, ...]:
         value = raw[i]
         if value is UNCHANGED_TOAST and old is not None:
             value = old[i]
-        texts.append(value.decode("utf-8", "replace") if type(value) is bytes else UNCHANGED_TOAST_MARKER)
+        if type(value) is bytes:
+            texts.append(value.decode("utf-8", "replace"))
+        else:  # Sequin's to_string: nil is ""
+            texts.append(UNCHANGED_TOAST_MARKER if value is UNCHANGED_TOAST else "")
     return tuple(texts)
 
 

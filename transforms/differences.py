@@ -8,30 +8,39 @@ there is one; the README's migration section has the same list with examples.
 
 from __future__ import annotations
 
-from config.schema import SinkConfig
+from config.schema import DatabaseConfig, SinkConfig
 
 
-def differences(sink: SinkConfig) -> list[str]:
-    """The differences from Sequin that apply to ``sink``, worded for its log."""
+def differences(sink: SinkConfig, database: DatabaseConfig) -> list[str]:
+    """The differences from Sequin that apply to ``sink`` of ``database``, worded for its log."""
     where = f"sink {sink.name}: differs from Sequin:"
     dest = sink.destination
     lines = [
         f"{where} time and timetz values keep their microseconds and offset (Sequin drops both)",
-        f"{where} an update that changes the key under REPLICA IDENTITY DEFAULT lists only the old key in "
-        "changes (Sequin also lists every other column as changed from null: Postgres did not send them)",
-        f"{where} table, schema and database names that are not valid NATS subject tokens are escaped in "
-        "subjects (%XX), payload names stay as they are (Sequin publishes such subjects unescaped, which NATS "
-        "rejects or splits)",
-        f"{where} messages are published to JetStream and acknowledged before the slot moves (Sequin publishes "
-        "with core NATS: without a stream capturing its subjects, messages are lost)",
-        f"{where} a backfill's reads carry the watermark's commit_lsn and their index among the chunk's rows, "
-        "and ids naming the backfill and the row (Sequin's are the backfill's id and a counter)",
+        f"{where} intervals of 100 hours or more are exact (Sequin misreads their hours)",
+        (f"{where} an update that changes the key under REPLICA IDENTITY DEFAULT lists the old key in changes "
+         "(Sequin publishes {})"),
+        (f"{where} names holding '.', '*', '>', '%' or whitespace are escaped in subjects (%XX); payload names stay "
+         "as they are (Sequin publishes them unescaped, which NATS rejects or splits into other tokens)"),
+        (f"{where} messages are published to JetStream and acknowledged before the slot moves (Sequin publishes "
+         "with core NATS: without a stream capturing its subjects, messages are lost)"),
+        (f"{where} a backfill's reads carry the same values as changes, the watermark's commit_lsn and ids naming "
+         "the backfill and the row (Sequin's backfill reader writes some types otherwise)"),
+        (f"{where} record_pks are the replica identity's columns (Sequin's: the primary key, also under REPLICA "
+         "IDENTITY USING INDEX or NOTHING)"),
+        (f"{where} a non-transactional sequin:transaction_annotations.set message is ignored (Sequin applies it "
+         "to the next transaction it decodes)"),
     ]
     if dest.msg_id == "walflow":
         lines.append(
             f"{where} Nats-Msg-Id and idempotency_key are base64 '<database>/<sink>/<commit_lsn>:<commit_idx>' "
             "(unique when sinks share a stream); Sequin's base64 '<commit_lsn>:<commit_idx>' is "
             "destination.msg_id: sequin"
+        )
+    if sink.id is None or database.id is None:
+        lines.append(
+            f"{where} metadata.consumer.id / metadata.database.id are derived from the names: give the sink and "
+            "the database Sequin's ids as id: to publish those (sequin config export leaves them out)"
         )
     if dest.tls:
         lines.append(

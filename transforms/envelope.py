@@ -243,16 +243,22 @@ class Envelope:
 
 
 def _differs(before: Any, after: Any) -> bool:
-    """``before != after``, except that NaN equals NaN, also inside arrays: a NaN that stayed
-    NaN did not change (Sequin compares the text "NaN")."""
-    if before == after:
+    """Whether a column changed, as Sequin compares (Elixir's strict equality): the same type
+    and value, recursively, so ``1`` → ``1.0`` in a jsonb, ``true`` → ``1`` and numeric
+    ``1.0`` → ``1.00`` are changes; NaN stays NaN (Sequin compares the text "NaN")."""
+    return not _same(before, after)
+
+
+def _same(before: Any, after: Any) -> bool:
+    kind = type(before)
+    if kind is not type(after):
         return False
-    if type(before) is list and type(after) is list:
-        return len(before) != len(after) or any(_differs(b, a) for b, a in zip(before, after, strict=True))
-    return not (_is_nan(before) and _is_nan(after))
-
-
-def _is_nan(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isnan(value)
-    return isinstance(value, Decimal) and value.is_nan()
+    if kind is list:
+        return len(before) == len(after) and all(_same(b, a) for b, a in zip(before, after, strict=True))
+    if kind is dict:
+        return before.keys() == after.keys() and all(_same(value, after[key]) for key, value in before.items())
+    if kind is Decimal:
+        return bool(before.as_tuple() == after.as_tuple())  # digits and scale, as Postgres prints them
+    if kind is float:
+        return before == after or (math.isnan(before) and math.isnan(after))
+    return bool(before == after)

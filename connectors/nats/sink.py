@@ -46,7 +46,7 @@ from core.events import Message
 from core.ids import IdScheme
 from core.runtime import Runtime
 from core.threads import keep_thread_state
-from core.tokens import escape_token
+from core.tokens import subject_token
 
 log = logging.getLogger("walflow.nats")
 
@@ -113,7 +113,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
         self.ids = IdScheme(database, sink.name, dest.msg_id)
         #: Every subject this sink publishes on: also what tells its messages from others' in
         #: the stream when its ids are Sequin's, which name no sink.
-        self.subjects = f"{dest.subject_prefix}.{escape_token(database)}.>"
+        self.subjects = f"{dest.subject_prefix}.{subject_token(database)}.>"
         #: The stream its events land in, once connected.
         self.stream: SinkStream | None = None
         self._nc: WalflowClient | None = None
@@ -129,7 +129,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 dest = self.sink.destination
                 nc = await connect(dest, name=f"walflow:{self.sink.name}")
                 try:
-                    stream = self.stream = await ensure_stream(nc, dest, self.database, escape_token(self.database))
+                    stream = self.stream = await ensure_stream(nc, dest, self.database, subject_token(self.database))
                     await self._check_msg_ids(nc, stream.name)
                     if self._published is None:
                         found = await already_published(nc, stream.name, self.subjects, self.ids, self.replay_from)
@@ -159,7 +159,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 continue
             if dest.msg_id != "sequin" or not servers & set(dest.server_urls):
                 continue
-            if await stream_for(nc, dest, escape_token(peer.database)) != stream:
+            if await stream_for(nc, dest, subject_token(peer.database)) != stream:
                 continue
             if peer.database == self.database:
                 who = f"sinks '{self.sink.name}' and '{peer.name}' of database '{self.database}'"
@@ -177,7 +177,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
 
     async def _stream_again(self, nc: WalflowClient) -> None:
         """The stream vanished while running (JetStream answered "no responders"): set it up again."""
-        self.stream = await ensure_stream(nc, self.sink.destination, self.database, escape_token(self.database))
+        self.stream = await ensure_stream(nc, self.sink.destination, self.database, subject_token(self.database))
 
     def _current_stream(self) -> SinkStream:
         assert self.stream is not None, "the stream is set up before any partition is built"

@@ -67,7 +67,7 @@ import logging
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import orjson
 import psycopg
@@ -91,6 +91,9 @@ _LONG_DIGITS: Final = re.compile(rb"\d{19}")
 _JSON_OIDS: Final = frozenset({114, 3802})  # json, jsonb
 _TIMESTAMPTZ_OID: Final = 1184
 _INTERVAL_OID: Final = 1186
+_TEXT_ARRAY_OID: Final = 1009
+#: What a loader raises for a value Python cannot hold (as in transforms.convert).
+_UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
 #: Loaded as their text: inet, cidr (see above); bytea, int2vector, oidvector; the built-in
 #: ranges (int4, num, ts, tstz, date, int8) and multiranges.
 _TEXT_OIDS: Final = (869, 650, 17, 22, 30, 3904, 3906, 3908, 3910, 3912, 3926, 4451, 4532, 4533, 4534, 4535, 4536)
@@ -173,6 +176,29 @@ class PgvectorLoader(PsycopgLoader):
     def load(self, data: Buffer) -> list[float]:
         inner = bytes(data).strip()[1:-1]
         return [float(item) for item in inner.split(b",")] if inner.strip() else []
+
+
+def _element_wise(whole: Loader, split: Loader, element: Loader) -> Loader:
+    """An array loader that, when an element cannot be loaded (``infinity`` in a ``date[]``),
+    loads the others and keeps that one as its text, as Sequin's value caster does per
+    element. The whole array is parsed by psycopg first: only a failing one is split."""
+
+    def one(text: str) -> Any:
+        try:
+            return element(text.encode())
+        except _UNLOADABLE:
+            return text
+
+    def each(values: list[Any]) -> list[Any]:
+        return [None if v is None else each(v) if type(v) is list else one(v) for v in values]
+
+    def load(data: bytes) -> Any:
+        try:
+            return whole(data)
+        except _UNLOADABLE:
+            return each(split(data))
+
+    return load
 
 
 def _register_loaders(conn: psycopg.Connection[Any]) -> None:
@@ -277,8 +303,13 @@ class Catalog:
         effective = self.effective_oid(oid)
         if effective in _JSON_OIDS:
             return json_loads  # what psycopg's text json loader does with the bytes it gets, one call shorter
-        load: Loader = self._tx.get_loader(effective, pq.Format.TEXT).load
-        return load
+        found = self._tx.get_loader(effective, pq.Format.TEXT)
+        load: Loader = found.load
+        element = getattr(type(found), "base_oid", None)
+        if element is None or getattr(found, "delimiter", b",") != b",":
+            return load
+        split: Loader = self._tx.get_loader(_TEXT_ARRAY_OID, pq.Format.TEXT).load
+        return _element_wise(load, split, self.loader(element))
 
     def effective_oid(self, oid: int) -> int:
         """The OID whose loader parses values of ``oid`` (itself if psycopg knows it)."""

@@ -11,21 +11,10 @@ from pathlib import Path
 import pytest
 
 from config import Config, ConfigError, load_config, parse_config
+from tests.config.test_schema import MINIMAL
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "config" / "examples"
 
-MINIMAL = """
-databases:
-  - name: app
-    hostname: 127.0.0.1
-    database: app
-    slot: { name: s1 }
-    publication: { name: p1 }
-sinks:
-  - name: out
-    database: app
-    destination: { type: nats, host: 127.0.0.1 }
-"""
 
 IGNORED_EXPORT_KEYS = {
     "pool_size": "walflow opens its own two connections (replication and heartbeats)",
@@ -177,12 +166,14 @@ def test_the_docs_files_mean_what_sequin_makes_of_them() -> None:
     ("url", "expected"),
     [
         ("postgres://walflow:s3cret@db.internal:6432/app", ("db.internal", 6432, "app", "walflow", "s3cret", False)),
-        ("postgresql://walflow:p%40ss%3Aw%2Frd@db.internal/my%20db?sslmode=require",
-         ("db.internal", 5432, "my db", "walflow", "p@ss:w/rd", True)),
+        # as Sequin's URI.parse: nothing percent-decoded, the host's case kept
+        ("postgresql://walflow:p%40ss%3Aw@DB.Internal/my%20db?sslmode=require",
+         ("DB.Internal", 5432, "my%20db", "walflow", "p%40ss%3Aw", True)),
+        ("postgres://walflow:pa:ss@db.internal/app", ("db.internal", 5432, "app", "walflow", "pa:ss", False)),
         ("postgres://walflow@[::1]:5433/app?sslmode=disable", ("::1", 5433, "app", "walflow", None, False)),
         ("postgres://db.internal/app", ("db.internal", 5432, "app", "postgres", None, False)),
     ],
-    ids=["full", "percent-encoded-and-ssl", "ipv6-literal-no-password", "host-and-database-only"],
+    ids=["full", "not-decoded-and-ssl", "colon-in-password", "ipv6-literal-no-password", "host-and-database-only"],
 )
 def test_a_database_url_is_mapped_onto_its_keys(url: str, expected: tuple[object, ...]) -> None:
     config = parse_config(database(f"    url: {url}\n", where=""), env={})

@@ -65,6 +65,7 @@ def test_pks_are_the_key_texts_in_column_order_from_the_new_row_or_a_deletes_old
     toasted = convert(raw_change("update", new={"id": UNCHANGED_TOAST}, old={"id": b"long"}))
     assert toasted.pks == ("long",)
     assert convert(raw_change(key=(), new={"note": b"x"})).pks == ()
+    assert convert(raw_change(key=("id", "k"), new={"id": b"1", "k": None})).pks == ("1", "")  # to_string(nil)
 
 
 def test_annotations_pass_through() -> None:

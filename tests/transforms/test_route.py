@@ -1,4 +1,4 @@
-"""Subjects: one NATS token per name, by core.tokens' reversible escape; no servers."""
+"""Subjects: one NATS token per name, by core.tokens' reversible escapes; no servers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from core.tokens import escape_token
+from core.tokens import escape_token, subject_token
 from transforms.route import subject
+
+#: Any str, lone surrogates included: the rules are total.
+any_text = st.text(st.characters(exclude_categories=()))
 
 # -- subjects -------------------------------------------------------------------------------
 
@@ -36,6 +39,43 @@ def test_escape_token(name: str, token: str) -> None:
     assert escape_token(name) == token
 
 
+@pytest.mark.parametrize(
+    ("name", "token"),
+    [
+        ("orders", "orders"),
+        ("café", "café"),  # NATS carries it, Sequin publishes it so: unchanged
+        ("日本", "日本"),
+        ("Order/Items$1:@#~+", "Order/Items$1:@#~+"),
+        ("my.table", "my%2Etable"),
+        ("a b", "a%20b"),
+        ("tab\there", "tab%09here"),
+        ("no\u00a0break", "no%C2%A0break"),  # Unicode whitespace too
+        ("bell\x07", "bell%07"),
+        ("*", "%2A"),
+        (">", "%3E"),
+        ("100%", "100%25"),
+        ("%2E", "%252E"),
+        ("", "%"),
+        ("\udc80", "%ED%B2%80"),
+    ],
+)
+def test_subject_token_escapes_only_what_a_token_cannot_hold(name: str, token: str) -> None:
+    assert subject_token(name) == token
+
+
+@given(any_text)
+def test_subject_tokens_are_valid_and_reversible(name: str) -> None:
+    token = subject_token(name)
+    assert token and not any(c in ".*>" or c.isspace() or not c.isprintable() for c in token), token
+    assert _unescape(token) == name
+
+
+@given(any_text, any_text)
+def test_subject_tokens_are_injective(a: str, b: str) -> None:
+    assume(a != b)
+    assert subject_token(a) != subject_token(b)
+
+
 def test_subject_uses_prefix_database_and_escaped_names() -> None:
     assert subject("sequin", "app", "Sales", "line.items", "delete") == "sequin.app.Sales.line%2Eitems.delete"
 
@@ -47,7 +87,7 @@ def test_subject_is_prefix_database_schema_table_action() -> None:
 
 
 def _unescape(token: str) -> str:
-    """Percent-decoding, as a consumer would do it: the inverse of ``escape_token``."""
+    """Percent-decoding, as a consumer would do it: the inverse of both escapes."""
     if token == "%":
         return ""
     out, i = bytearray(), 0
@@ -59,10 +99,6 @@ def _unescape(token: str) -> str:
             out += token[i].encode()
             i += 1
     return out.decode("utf-8", "surrogatepass")
-
-
-#: Any str, lone surrogates included: the rule is total.
-any_text = st.text(st.characters(exclude_categories=()))
 
 
 @given(any_text)

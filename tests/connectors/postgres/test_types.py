@@ -9,6 +9,7 @@ DDL that follows is what walflow, lagging behind, finds when it reads them.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterator
 
@@ -366,3 +367,21 @@ def test_pgvector_values_load_as_lists_of_floats(text: bytes, expected: list[flo
     """pgvector is not installed here: the loader alone, on its text output."""
     got = PgvectorLoader(0).load(text)
     assert got == expected and all(type(v) is float for v in got)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("'{infinity,2024-01-01}'::date[]", ["infinity", dt.date(2024, 1, 1)]),
+        ("'{{infinity,NULL},{2024-01-01,-infinity}}'::date[]", [["infinity", None], [dt.date(2024, 1, 1), "-infinity"]]),
+        ("ARRAY['infinity'::timestamptz, '2024-01-01 00:00:00+00']",
+         ["infinity", dt.datetime(2024, 1, 1, tzinfo=dt.UTC)]),
+        ("ARRAY['0044-03-15 BC'::timestamp]", ["0044-03-15 00:00:00 BC"]),
+    ],
+)
+def test_an_element_python_cannot_hold_stays_text_the_others_load(
+    conn: Conn, expression: str, expected: object
+) -> None:
+    """Per element, as Sequin's value caster falls back."""
+    oid = oid_of(conn, f"pg_typeof({expression})")
+    assert Catalog(conn).loader(oid)(output(conn, expression)) == expected
