@@ -80,7 +80,8 @@ async def _print_events(url: str, stop: asyncio.Event, seen: list[int]) -> None:
                 break
             except nats.js.errors.NotFoundError:
                 await asyncio.sleep(0.2)
-        sub = await js.subscribe("walflow.>", ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        sub = await js.subscribe("sequin.demo.>", stream="WALFLOW", ordered_consumer=True,
+                                 deliver_policy=DeliverPolicy.ALL)
         while not stop.is_set():
             try:
                 msg = await sub.next_msg(timeout=0.5)
@@ -171,7 +172,7 @@ def main() -> int:
             env={**os.environ, "WALFLOW_CONFIG": str(config)},
         )
         print(f"walflow demo: PostgreSQL on 127.0.0.1:{pg.port}, NATS on {nc.url}")
-        print("walflow demo: tables public.customers and public.orders -> subjects walflow.demo.public.<table>.<action>")
+        print("walflow demo: tables public.customers and public.orders -> subjects sequin.demo.public.<table>.<action> (Sequin's)")
         print("walflow demo: the 2 customers that exist already arrive first, as reads (initial_backfill: true)")
         print("walflow demo: events below arrive from JetStream, in order per row (Ctrl-C stops everything)")
         pipeline.start()

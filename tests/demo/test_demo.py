@@ -39,7 +39,7 @@ def test_demo_shows_changes_flowing_and_cleans_up() -> None:
     for action in ("read   public.customers", "insert public.customers", "insert public.orders", "update public.orders",
                    "delete public.orders"):
         assert action in out, out
-    assert re.search(r"subject=walflow\.demo\.public\.orders\.update\s+commit_lsn=\d+", out)
+    assert re.search(r"subject=sequin\.demo\.public\.orders\.update\s+commit_lsn=\d+", out)
     count = re.search(r"walflow demo: (\d+) events arrived", out)
     assert count and int(count.group(1)) >= 8
     pg_port = re.search(r"PostgreSQL on 127\.0\.0\.1:(\d+)", out)

@@ -82,7 +82,9 @@ def test_sequin_ids_in_a_sequin_stream_and_a_replay_that_publishes_nothing_twice
         first = stored(nats_srv.url, names.stream)
         assert [e.msg_id for e in first] == [_sequin_key(e) for e in first]
         assert all(e.event["metadata"]["idempotency_key"] == e.msg_id for e in first)
-        assert len({e.event["metadata"]["commit_lsn"] for e in first[40:]}) == 1  # the one transaction
+        in_transaction = [e for e in first if e.event["record"]["id"] > 40]  # stream order is per row only
+        assert len({e.event["metadata"]["commit_lsn"] for e in in_transaction}) == 1  # the one transaction
+        assert sorted(e.event["metadata"]["commit_idx"] for e in in_transaction) == list(range(10))
         assert len({e.msg_id for e in first}) == 50
 
         time.sleep(0.3)  # let the stream's 100 ms duplicate window pass: JetStream will not dedupe
