@@ -557,6 +557,8 @@ class WalflowSettings(Section):
     """Tunables that Sequin's format has no place for. One line each."""
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: ``text``: one ``key=value`` line per event, for people; ``json``: one JSON object per line, for machines.
+    log_format: Literal["text", "json"] = "text"
     #: Changes the source hands to the dataflow per epoch (estimated memory): what can be in
     #: flight between workers and to NATS at once. Sequin's per-sink max_memory_mb, as one
     #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.

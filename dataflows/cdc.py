@@ -30,7 +30,7 @@ from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
 from dataflows.health import serve as serve_health
 from dataflows.initial_backfill import InitialBackfills
-from dataflows.logs import configure_logging
+from dataflows.logs import configure_logging, held_until_configured
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
 from transforms.convert import converting
@@ -117,8 +117,9 @@ def _load() -> Dataflow:
     """The flow ``python -m bytewax.run`` runs: a fatal error stops the process with one line, exit 2."""
     runtime = Runtime(exit_on_fatal=True)
     try:
-        config = load_config(config_path())
-        configure_logging(config.walflow.log_level)
+        with held_until_configured():  # the config's own warnings come out in its log_format
+            config = load_config(config_path())
+            configure_logging(config.walflow.log_level, config.walflow.log_format)
         if config.walflow.health.enabled:
             serve_health(runtime, config.walflow.health.host, config.walflow.health.port)
         directory = recovery_dir(sys.argv[1:], os.environ)
