@@ -175,3 +175,6 @@ class Message(NamedTuple):
     payload: bytes
     #: The idempotency id (``Nats-Msg-Id``), stable across replays (:mod:`core.ids`).
     msg_id: str
+    #: The commit's time (Unix seconds; 0.0 for a backfill's read): where the sink's commit →
+    #: acknowledgement latency starts (``walflow_commit_to_ack_seconds``).
+    commit_ts: float = 0.0

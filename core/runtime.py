@@ -3,6 +3,8 @@
 It replaces process-global state. It holds:
 
 - the parts that report health (one per replication slot this process reads);
+- the process's metrics (:class:`core.metrics.Metrics`), which every part counts into and
+  the health endpoint serves;
 - the asyncio loop, on its own thread, that async clients (nats-py) run on: Bytewax calls
   sinks synchronously from its worker threads, which hand coroutines to the loop and
   wait. Blocking a worker there is deliberate: it is how a slow or absent NATS slows the
@@ -26,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from core.errors import FatalError
+from core.metrics import Metrics
 
 log = logging.getLogger("walflow")
 
@@ -49,6 +52,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._reporters: list[Reporter] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = Metrics()
 
     # -- health --------------------------------------------------------------------------
 

@@ -91,7 +91,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     changes = op.input("postgres", flow, source)
     for sink in sinks:
         step = _step(sink.name)
-        selected = op.filter(f"{step}_filter", changes, SinkFilter(sink))
+        selected = op.flat_map_batch(f"{step}_filter", changes, SinkFilter(sink, runtime.metrics).select)
         keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
         messages = op.map_value(f"{step}_envelope", keyed, converting(Envelope(sink, db)))
         op.output(f"{step}_publish", messages, publishers[sink.name])

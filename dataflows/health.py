@@ -1,10 +1,13 @@
-"""The health endpoint: ``/healthz`` (the process answers) and ``/readyz`` (replication is healthy).
+"""The health endpoint: ``/healthz`` (the process answers), ``/readyz`` (replication is healthy)
+and ``/metrics`` (the process's metrics, :mod:`core.metrics`, in Prometheus's text format).
 
 Readiness is about replication, not the process: the slot's reader is connected, its
 heartbeats come back through the slot, and nothing fatal happened. A process of a cluster
 that does not read the slot is ready when it is up. Loopback by default; a port that is
-taken is logged and skipped (several pipelines on one host): health is an aid, never a
-reason to stop replicating.
+taken is logged and skipped (several pipelines on one host, or the processes of a cluster
+started on one host with one config): health is an aid, never a reason to stop
+replicating. Each process serves its own figures only: nothing is gathered across a
+cluster.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.runtime import Runtime
 
@@ -29,13 +34,17 @@ class _Handler(BaseHTTPRequestHandler):
             readers = self.runtime.health()
             ready = all(r["ready"] for r in readers)
             self._reply(200 if ready else 503, {"status": "ready" if ready else "not ready", "slots": readers})
+        elif self.path == "/metrics":
+            self._send(200, self.runtime.metrics.exposition(), CONTENT_TYPE_LATEST)
         else:
-            self._reply(404, {"error": "try /healthz or /readyz"})
+            self._reply(404, {"error": "try /healthz, /readyz or /metrics"})
 
     def _reply(self, code: int, body: dict[str, object]) -> None:
-        data = json.dumps(body).encode()
+        self._send(code, json.dumps(body).encode(), "application/json")
+
+    def _send(self, code: int, data: bytes, content_type: str) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

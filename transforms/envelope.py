@@ -132,7 +132,7 @@ class Envelope:
         # The changes of one transaction share their commit timestamp and annotations: render
         # each once. One tuple each, replaced whole, so worker threads sharing this step never
         # pair a stale half.
-        self._last_ts: tuple[datetime | None, bytes] = (None, b"")
+        self._last_ts: tuple[datetime | None, bytes, float] = (None, b"", 0.0)
         self._last_annotations: tuple[bytes | None, bytes] = (None, b"null")
 
     def __call__(self, change: Change) -> Message:
@@ -154,6 +154,7 @@ class Envelope:
         head = self._heads.get((change.schema, change.table, action))
         if head is None:
             head = self._head(change.schema, change.table, action)
+        _, timestamp, committed = self._commit_time(change.commit_ts)
         payload = (
             b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",'
             b'"record_pks":%s,"transaction_annotations":%s,%s'
@@ -161,7 +162,7 @@ class Envelope:
             _json(record),
             b"null" if changes is None else _json(changes),
             head,
-            self._commit_timestamp(change.commit_ts),
+            timestamp,
             lsn,
             idx,
             key,
@@ -169,7 +170,8 @@ class Envelope:
             self._annotations(change.annotations),
             self._tail,
         )
-        return Message(change.schema, change.table, action, payload, key.decode("ascii"))
+        return Message(change.schema, change.table, action, payload, key.decode("ascii"),
+                       committed if read is None else 0.0)
 
     def _head(self, schema: str, table: str, action: str) -> bytes:
         """The payload's text that only depends on a table and an action: JSON from
@@ -181,14 +183,14 @@ class Envelope:
         self._heads[(schema, table, action)] = head
         return head
 
-    def _commit_timestamp(self, ts: datetime) -> bytes:
-        """ISO 8601 UTC with 6 fractional digits and ``Z`` (whatever ``timestamp_format`` says:
-        Sequin converts only ``record`` and ``changes``), cached per transaction."""
-        last, rendered = self._last_ts
-        if ts != last:
-            rendered = to_json(iso_usec(ts.astimezone(UTC)))
-            self._last_ts = (ts, rendered)
-        return rendered
+    def _commit_time(self, ts: datetime) -> tuple[datetime | None, bytes, float]:
+        """``ts``, rendered ISO 8601 UTC with 6 fractional digits and ``Z`` (whatever
+        ``timestamp_format`` says: Sequin converts only ``record`` and ``changes``), and as
+        Unix seconds (the message's ``commit_ts``); cached per transaction."""
+        cached = self._last_ts
+        if ts != cached[0]:
+            cached = self._last_ts = (ts, to_json(iso_usec(ts.astimezone(UTC))), ts.timestamp())
+        return cached
 
     def _annotations(self, text: bytes | None) -> bytes:
         """The transaction's annotations as compact JSON; ``null`` if none or not JSON (one

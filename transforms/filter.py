@@ -16,6 +16,10 @@ so it flows without a restart.
 ``TRUNCATE`` carries no rows and has no place in Sequin's payload. Dropping it silently
 would hide that consumers now disagree with the table, so the first truncate of each table
 this sink would otherwise receive is logged once per process as a WARNING.
+
+The flow runs it a batch at a time (:meth:`SinkFilter.select`): what it drops from the slot
+is counted per table and action in plain ints and added to
+``walflow_changes_filtered_total`` once per batch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterable
 
 from config.schema import SinkConfig
 from core.events import RawChange, Table
+from core.metrics import CounterBatch, Metrics
 
 log = logging.getLogger("walflow.transforms.filter")
 
@@ -36,7 +41,8 @@ def _as_set(names: Iterable[str] | None) -> frozenset[str] | None:
 class SinkFilter:
     """``filter`` step of one sink: true for the changes that sink publishes."""
 
-    def __init__(self, sink: SinkConfig) -> None:
+    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None) -> None:
+        """``metrics``: the process's, which count what the sink drops (else its own)."""
         self._sink = sink.name
         self._actions = frozenset(sink.actions)
         source = sink.source
@@ -52,6 +58,21 @@ class SinkFilter:
         #: ``schema.table`` -> decision: one entry per table, however many versions come by.
         self._tables: dict[str, bool] = {}
         self._warned_truncates: set[str] = set()
+        name = sink.name
+        self._dropped: CounterBatch[tuple[Table, str]] = CounterBatch(
+            (metrics or Metrics()).changes_filtered, lambda key: (name, key[0].qualified, key[1]))
+
+    def select(self, changes: list[RawChange]) -> list[RawChange]:
+        """The changes of a batch this sink publishes, in order (the flow's ``filter`` step)."""
+        kept: list[RawChange] = []
+        dropped = self._dropped.counts
+        for change in changes:
+            if self(change):
+                kept.append(change)
+            elif change.read is None:  # another sink's backfill read is not this sink's to count
+                dropped[change.table, change.action] += 1
+        self._dropped.flush()
+        return kept
 
     def __call__(self, change: RawChange) -> bool:
         if change.read is not None:  # a backfill's row goes to the sink that asked for it, whatever its actions

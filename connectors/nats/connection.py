@@ -10,6 +10,9 @@ retrying cannot fix them (nats-py itself would retry forever). A "Permissions Vi
 arrives only through ``error_cb``, while the request it refused just times out: it is
 recorded on the client, and :func:`permission_error` turns the failure that follows into
 a :class:`NatsPermissionError` naming what to grant.
+
+Every lost connection, and every failed first connect, counts in ``walflow_reconnects_total``
+(``component="nats"``), its cause the last error nats-py reported before it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nats.aio.client import RawCredentials
 from config.schema import NatsDestination
 from connectors.nats.natspy import WalflowClient
 from core.errors import FatalError
+from core.metrics import Metrics
 
 log = logging.getLogger("walflow.nats")
 
@@ -84,6 +88,15 @@ class NatsPermissionError(FatalError):
     """The NATS server refused a request the sink's user has no permission for."""
 
 
+def _disconnect_cause(exc: BaseException | None) -> str:
+    """``walflow_reconnects_total``'s cause for a connection lost after nats-py reported ``exc``."""
+    if isinstance(exc, nats.errors.UnexpectedEOF):
+        return "eof"  # the server closed it (stopped, restarted)
+    if isinstance(exc, OSError):
+        return "network"
+    return "disconnected"  # nats-py reports no error for unanswered pings or a protocol error
+
+
 def _is_auth_violation(exc: BaseException) -> bool:
     return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
 
@@ -117,16 +130,21 @@ class _Refused(Exception):
     """Raised from ``error_cb`` to end nats-py's connect loop, which would retry refused credentials forever."""
 
 
-async def connect(dest: NatsDestination, name: str) -> WalflowClient:
+async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = None) -> WalflowClient:
     """Connect, retrying with capped backoff until NATS answers: a pipeline waits for its sink.
 
-    Raises :class:`NatsAuthError` if the server refuses the credentials."""
+    Raises :class:`NatsAuthError` if the server refuses the credentials. ``metrics``: the
+    process's, which count reconnects (else nobody's)."""
     warn = _RateLimitedLog()
     options = connect_options(dest, name)
     servers = ", ".join(dest.server_urls)
     connecting = True
+    reconnects = (metrics or Metrics()).reconnects
+    last_error: Exception | None = None  # what nats-py reported last: the cause of a disconnect
 
     async def on_error(exc: Exception) -> None:
+        nonlocal last_error
+        last_error = exc
         if connecting and _is_auth_violation(exc):
             raise _Refused(str(exc))
         if "permissions violation" in str(exc).lower():
@@ -137,11 +155,17 @@ async def connect(dest: NatsDestination, name: str) -> WalflowClient:
         warn("error", "cannot reach NATS at %s (%s); retrying", servers, exc)
 
     async def on_disconnect() -> None:
+        nonlocal last_error
         warn("disconnect", "NATS disconnected (%s); reconnecting", name)
+        if client is not None and not client.is_closed:  # closing calls this too
+            reconnects.labels("nats", _disconnect_cause(last_error)).inc()
+        last_error = None
         if client is not None:
             client.drop_pending()
 
     async def on_reconnect() -> None:
+        nonlocal last_error
+        last_error = None  # the failed attempts' errors are not the next disconnect's cause
         log.info("NATS reconnected (%s)", name)
 
     client: WalflowClient | None = None
@@ -163,5 +187,6 @@ async def connect(dest: NatsDestination, name: str) -> WalflowClient:
                     f"check {_credentials_hint(dest)} against the server's users or accounts"
                 ) from None
             warn("connect", "cannot reach NATS at %s (%s); retrying", servers, exc)
+            reconnects.labels("nats", "unreachable").inc()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)

@@ -22,6 +22,11 @@ one place that decides which JetStream errors are retried.
 
 Messages are addressed here: the subject of each is :func:`transforms.route.subject` of its
 names, cached per table and action.
+
+Metrics (:mod:`core.metrics`): each acknowledgement is counted by its subject and its
+commit → ack latency observed, in plain ints, added to the process's metrics once per
+share of the window acknowledged and at every :meth:`AckPublisher.settle`; retries and
+error acknowledgements are counted as they are handled.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import json
 import logging
 import re
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -39,6 +44,7 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import StreamSetupError
 from core.errors import FatalError
 from core.events import Message
+from core.metrics import CounterBatch, Metrics
 from transforms import route
 
 log = logging.getLogger("walflow.nats")
@@ -54,18 +60,20 @@ _REFILL = 4
 
 
 class PublishError(Exception):
-    """One message was not stored; ``retryable`` says whether sending it again can help."""
+    """One message was not stored; ``retryable`` says whether sending it again can help;
+    ``code`` is JetStream's error code when JetStream answered (None: it did not)."""
 
-    def __init__(self, message: str, retryable: bool) -> None:
+    def __init__(self, message: str, retryable: bool, code: str | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.code = code
 
 
 class NoStreamError(PublishError):
     """No stream captures the subject (JetStream's 503 "no responders")."""
 
     def __init__(self, subject: str) -> None:
-        super().__init__(f"no stream captures subject {subject}", True)
+        super().__init__(f"no stream captures subject {subject}", True, "503")
 
 
 class PermanentPublishError(FatalError):
@@ -116,12 +124,17 @@ class AckPublisher:
         on_no_stream: Callable[[], Awaitable[None]] | None = None,
         stored_since: Callable[[int], Awaitable[set[str]]] | None = None,
         duplicate_window: float = 120.0,
+        sink: str = "",
+        metrics: Metrics | None = None,
     ) -> None:
+        """``sink``: the sink's name, as metrics label it; ``metrics``: the process's (else its own)."""
         self._nc = nc
         self._subject_prefix = subject_prefix
         self._database = database
         #: (schema, table, action) -> subject, encoded: a database has far fewer tables than changes.
         self._subjects: dict[tuple[str, str, str], bytes] = {}
+        #: subject -> (schema.table, action): the labels its acknowledgements are counted under.
+        self._names: dict[bytes, tuple[str, str]] = {}
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
         # would store it twice if its ack was lost, so ask the stream what it holds first.
@@ -141,6 +154,15 @@ class AckPublisher:
         self._failed = False  # JetStream refused a message in the window: settle before sending more
         self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
         self.last_seq = 0  # the highest stream sequence acknowledged to this partition
+        metrics = metrics or Metrics()
+        self._sink = sink
+        self._metrics = metrics
+        self._published: CounterBatch[bytes] = CounterBatch(
+            metrics.changes_published, lambda subject: (sink, *self._names[subject]))
+        self._acked = self._published.counts  # by subject, in _on_ack
+        self._latency = metrics.commit_to_ack.batch(sink)
+        self._window_wait = metrics.backpressure.labels("sink_window")
+        metrics.track_window(sink, lambda: len(self._inflight), window)
 
     async def start(self) -> None:
         self._sid = await self._nc.subscribe_direct(f"{self._inbox}.*", self._on_ack)
@@ -155,6 +177,7 @@ class AckPublisher:
         found = self._subjects.get(key)
         if found is None:
             found = self._subjects[key] = route.subject(self._subject_prefix, self._database, *key).encode()
+            self._names[found] = (f"{message.schema}.{message.table}", message.action)
         return found
 
     async def publish(self, messages: list[Message]) -> None:
@@ -175,7 +198,9 @@ class AckPublisher:
                 await self.settle()
             room = self._window - len(self._inflight)
             if room <= 0:
+                waiting_since = time.monotonic()
                 await self._make_room()
+                self._window_wait.inc(time.monotonic() - waiting_since)
                 continue
             subject_of = self.subject
             chunk = [
@@ -187,6 +212,17 @@ class AckPublisher:
 
     async def settle(self) -> None:
         """Wait until every message sent so far is stored, re-sending failures in order."""
+        try:
+            await self._settle()
+        finally:
+            self._flush_metrics()
+
+    def _flush_metrics(self) -> None:
+        """Add the acknowledgements counted since the last flush to the process's metrics."""
+        self._published.flush()
+        self._latency.flush()
+
+    async def _settle(self) -> None:
         delay = 0.1
         while self._inflight:
             self._generation = self._nc.stats["reconnects"]
@@ -199,13 +235,17 @@ class AckPublisher:
             failed: list[_InFlight] = []
             no_stream = False
             reason = ""
+            retries: defaultdict[str, int] = defaultdict(int)  # by metrics' reason
             for entry in batch:
                 error = entry.error
                 if entry.seq:
                     self.last_seq = max(self.last_seq, entry.seq)
                     continue
+                if error is not None and error.code is not None:
+                    self._metrics.publish_failures.labels(self._sink, error.code).inc()
                 if error is None:
                     reason = f"no acknowledgement within {self._ack_timeout:.0f}s"
+                    retries["ack_timeout"] += 1
                 elif not error.retryable:
                     raise PermanentPublishError(
                         f"JetStream refused {entry.subject.decode()} (Nats-Msg-Id {entry.message.msg_id}): {error}"
@@ -213,9 +253,12 @@ class AckPublisher:
                 else:
                     reason = str(error)
                     no_stream = no_stream or isinstance(error, NoStreamError)
+                    retries["disconnected" if error.code is None else "jetstream_error"] += 1
                 failed.append(entry)
             self._waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
             self._failed = False
+            for why, n in retries.items():
+                self._metrics.publish_retries.labels(self._sink, why).inc(n)
             if not failed:
                 return
             log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
@@ -248,6 +291,7 @@ class AckPublisher:
         inflight = self._inflight
         while inflight and inflight[0].seq:
             self.last_seq = max(self.last_seq, inflight.popleft().seq)
+        self._flush_metrics()
         if inflight and (inflight[0].error is not None or len(inflight) >= self._window):  # deal with a failure first
             await self.settle()
 
@@ -330,6 +374,9 @@ class AckPublisher:
         found = _SEQ.search(data)
         if found is not None and _ERROR.search(data) is None:
             entry.seq = int(found.group(1))
+            self._acked[entry.subject] += 1
+            if committed := entry.message.commit_ts:  # 0.0 for a backfill's read
+                self._latency.observe(time.time() - committed)
         else:
             entry.error = _ack_error(entry.subject.decode(), data, headers)
             self._failed = True
@@ -347,6 +394,8 @@ def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError
         error = json.loads(data).get("error")
         code = int(error.get("code", 500))
     except (ValueError, AttributeError, TypeError):
-        return PublishError(f"unreadable acknowledgement {status.decode(errors='replace')} {data[:100]!r}", True)
+        return PublishError(f"unreadable acknowledgement {status.decode(errors='replace')} {data[:100]!r}", True,
+                            "unreadable")
     retryable = code >= 500 or code in _TRANSIENT_4XX
-    return PublishError(f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})", retryable)
+    return PublishError(f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})",
+                        retryable, str(code))

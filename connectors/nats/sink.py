@@ -127,7 +127,7 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
             nc = self._nc
             if nc is None or nc.is_closed:
                 dest = self.sink.destination
-                nc = await connect(dest, name=f"walflow:{self.sink.name}")
+                nc = await connect(dest, name=f"walflow:{self.sink.name}", metrics=self.runtime.metrics)
                 try:
                     stream = self.stream = await ensure_stream(nc, dest, self.database, subject_token(self.database))
                     await self._check_msg_ids(nc, stream.name)
@@ -247,6 +247,8 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
                 on_no_stream=lambda: self._stream_again(nc),
                 stored_since=lambda seq: ids_since(nc, self._current_stream().name, self.subjects, seq),
                 duplicate_window=self._current_stream().duplicate_window,
+                sink=self.sink.name,
+                metrics=self.runtime.metrics,
             )
             self.runtime.run(publisher.start())
             if resume_state:

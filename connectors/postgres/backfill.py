@@ -55,6 +55,7 @@ from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
+from core.metrics import Metrics
 
 log = logging.getLogger("walflow.backfill")
 
@@ -460,8 +461,11 @@ class Backfills:
     """The partition's side of backfills: which run, their windows, how far the slot may move."""
 
     def __init__(self, slot: str, sinks: frozenset[str], runner: BackfillRunner,
-                 resume: list[BackfillState] | None = None, resume_lsn: int = 0) -> None:
+                 resume: list[BackfillState] | None = None, resume_lsn: int = 0, *,
+                 metrics: Metrics | None = None) -> None:
+        """``metrics``: the process's, which count the rows and chunks handed on (else its own)."""
         self._slot = slot
+        self._metrics = metrics or Metrics()
         self._sinks = sinks
         self._runner = runner
         self._running: dict[str, _Running] = {}
@@ -610,6 +614,8 @@ class Backfills:
             if chunk.end is not None:
                 running.after = chunk.end
             running.rows += len(reads)
+            self._metrics.backfill_rows.labels(request.sink, request.table).inc(len(reads))
+            self._metrics.backfill_chunks.labels(request.sink, request.table).inc()
             if signal.last:
                 log.info("backfill %s of %s for sink %s: done, %s row(s)", request.id, request.table, request.sink,
                          f"{running.rows:,}")

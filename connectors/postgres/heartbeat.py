@@ -6,6 +6,10 @@ database, and its round trip (written here, decoded by the reader) measures the 
 path's latency, catch-up included. The writer runs on a normal connection in its own
 thread and never touches the replication connection; a failed write is retried on the
 next beat (the reader's own reconnects are what restore replication).
+
+**The slot on the server** is looked at on the same connection, just before each beat
+(:data:`SAMPLE_QUERY`: lag, confirmed position, ``wal_status``, ``safe_wal_size``), for the
+metrics and for :class:`CatchUpLog`: the reader thread never waits for it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
 
 import psycopg
 
@@ -24,6 +29,27 @@ from connectors.postgres.connection import conninfo
 log = logging.getLogger("walflow.postgres")
 
 PREFIX = "walflow.heartbeat"
+
+#: The slot as the server sees it: positions as numbers, so that no LSN is parsed here.
+SAMPLE_QUERY: Final = """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint,
+       wal_status, safe_wal_size
+FROM pg_replication_slots WHERE slot_name = %s
+"""
+#: A lag beyond this is a backlog worth a progress line; it ends below a quarter of it, so
+#: that a lag hovering around the threshold does not log a start and an end every sample.
+CATCH_UP_BYTES: Final = 64 * 1024 * 1024
+#: How often a backlog's progress is logged (seconds).
+CATCH_UP_EVERY: Final = 60.0
+
+
+class SlotSample(NamedTuple):
+    """One look at the slot on the server."""
+
+    current: int  # pg_current_wal_lsn()
+    confirmed: int  # confirmed_flush_lsn
+    wal_status: str | None
+    safe_wal_size: int | None  # None: max_slot_wal_keep_size is -1 (or the slot is lost)
 
 
 def encode(slot: str) -> str:
@@ -42,11 +68,15 @@ def decode(content: bytes, slot: str) -> float | None:
 
 
 class HeartbeatWriter:
-    """Writes a heartbeat for ``db``'s slot every ``interval`` seconds until stopped."""
+    """Writes a heartbeat for ``db``'s slot every ``interval`` seconds until stopped (with
+    ``emit``), and hands what the server says about the slot to ``on_sample`` just before."""
 
-    def __init__(self, db: DatabaseConfig, interval: float) -> None:
+    def __init__(self, db: DatabaseConfig, interval: float, *, emit: bool = True,
+                 on_sample: Callable[[SlotSample], None] | None = None) -> None:
         self.db = db
         self.interval = interval
+        self.emit = emit
+        self.on_sample = on_sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"walflow-heartbeat-{db.slot.name}", daemon=True)
         self._failing = False
@@ -57,7 +87,8 @@ class HeartbeatWriter:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.ident is not None:
+            self._thread.join(5)
 
     def _run(self) -> None:
         info = conninfo(self.db, application_name=f"walflow:{self.db.slot.name}:heartbeat")
@@ -65,7 +96,11 @@ class HeartbeatWriter:
             try:
                 with psycopg.connect(info, autocommit=True, connect_timeout=5) as conn:
                     while True:
-                        conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", [PREFIX, encode(self.db.slot.name)])
+                        if self.on_sample is not None:
+                            self._sample(conn, self.on_sample)
+                        if self.emit:
+                            conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                                         [PREFIX, encode(self.db.slot.name)])
                         if self._failing:
                             log.info("heartbeats for slot %s are written again", self.db.slot.name)
                             self._failing = False
@@ -75,3 +110,73 @@ class HeartbeatWriter:
                 if not self._failing:
                     log.warning("cannot write a heartbeat for slot %s: %s", self.db.slot.name, str(exc).strip())
                     self._failing = True
+
+    def _sample(self, conn: psycopg.Connection[Any], on_sample: Callable[[SlotSample], None]) -> None:
+        row = conn.execute(SAMPLE_QUERY, [self.db.slot.name]).fetchone()
+        if row is not None and row[0] is not None and row[1] is not None:  # a slot that exists and was confirmed
+            on_sample(SlotSample(int(row[0]), int(row[1]), row[2], None if row[3] is None else int(row[3])))
+
+
+class CatchUpLog:
+    """The lines that report a large backlog's catch-up: sans-IO, fed every sample.
+
+    While the slot's lag (``pg_current_wal_lsn() - confirmed_flush_lsn``) exceeds
+    ``threshold``, one line when that is first seen, then one every ``every`` seconds: how
+    far behind, how fast the lag shrinks (and how fast the reader receives WAL), and when it
+    will have caught up at that pace. One line when the lag is back below a quarter of the
+    threshold; nothing otherwise.
+    """
+
+    def __init__(self, slot: str, threshold: int = CATCH_UP_BYTES, every: float = CATCH_UP_EVERY) -> None:
+        self.slot = slot
+        self.threshold = threshold
+        self.every = every
+        self._previous: tuple[float, int, int] | None = None  # the last sample: (time, lag, received)
+        self._mark: tuple[float, int, int] | None = None  # the sample of the last line, while behind
+        self._since = 0.0  # when the backlog was first seen
+
+    def sample(self, now: float, lag: int, received: int) -> str | None:
+        """The line to log for this sample (``now``: monotonic seconds), if any."""
+        previous, self._previous = self._previous, (now, lag, received)
+        mark = self._mark
+        if mark is None:
+            if lag <= self.threshold:
+                return None
+            self._since = now
+            self._mark = (now, lag, received)
+            rates = "" if previous is None else self._rates(previous, now, lag, received)
+            return f"slot {self.slot}: {_size(lag)} behind the server's WAL{rates}"
+        if lag < self.threshold // 4:
+            self._mark = None
+            return f"slot {self.slot}: caught up ({_size(lag)} behind) after {_duration(now - self._since)}"
+        if now - mark[0] < self.every:
+            return None
+        self._mark = (now, lag, received)
+        return f"slot {self.slot}: {_size(lag)} behind the server's WAL{self._rates(mark, now, lag, received)}"
+
+    @staticmethod
+    def _rates(since: tuple[float, int, int], now: float, lag: int, received: int) -> str:
+        then, then_lag, then_received = since
+        elapsed = now - then
+        if elapsed <= 0:
+            return ""
+        shrinking = (then_lag - lag) / elapsed
+        reading = f"reading {_size(max(0.0, (received - then_received) / elapsed))}/s"
+        if shrinking <= 0:
+            return f", not catching up (lag growing {_size(-shrinking)}/s, {reading})"
+        return f", catching up {_size(shrinking)}/s ({reading}), ETA {_duration(lag / shrinking)}"
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

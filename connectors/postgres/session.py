@@ -38,6 +38,7 @@ from connectors.postgres.protocol import lsn_to_str, status_update
 from connectors.postgres.slot import SlotState, prepare
 from connectors.postgres.stream import ReplicationStream, StreamError, quote_identifier
 from connectors.postgres.types import Catalog
+from core.metrics import Metrics
 
 log = logging.getLogger("walflow.postgres")
 
@@ -62,6 +63,8 @@ class Control(Protocol):
     slot_state: SlotState | None
     #: The key columns used per relation so far in this run (:class:`~connectors.postgres.types.Catalog`).
     table_keys: dict[int, tuple[str, ...]]
+    #: The process's metrics: the time spent with the buffer full counts as backpressure.
+    metrics: Metrics
 
     @property
     def confirmed(self) -> int:
@@ -154,6 +157,7 @@ class Session:
     def _loop(self, stream: ReplicationStream, decoder: Decoder, meta: psycopg.Connection[Any]) -> None:
         control = self.control
         buffer = control.buffer
+        full_wait = control.metrics.backpressure.labels("reader_buffer")
         interval = self.settings.status_interval_ms / 1000
         dead_after = self.settings.wal_sender_timeout_ms / 2000 + 3 * interval
         next_status = last_sent = 0.0
@@ -177,6 +181,7 @@ class Session:
                 readable, _, _ = select.select([control.wake_fd], [], [], max(0.0, wake_by - now))
                 control.drain_wakeups(readable)
                 self._last_heard = time.monotonic()  # not listening is not silence
+                full_wait.inc(self._last_heard - now)
                 continue
             if self._read_burst(stream, decoder) == 0:
                 control.drain_wakeups(stream.wait(max(0.0, wake_by - time.monotonic()), [control.wake_fd]))

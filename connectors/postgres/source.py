@@ -9,6 +9,11 @@ emitted, even in the middle of a ten-million-row transaction.
 is complete downstream (with ``-r``: after its snapshots are committed;
 ``shared/reference/bytewax-engine.md`` §3.8). So the position returned by ``snapshot()``
 at the end of epoch e is confirmed to Postgres on the next call, never earlier.
+
+Metrics: the changes taken from the buffer are counted per table and action in plain ints
+and added to ``walflow_changes_received_total`` once per ``next_batch``; the epoch budget's
+use is read at scrape time, and the time from reaching it to the epoch's end counts as
+backpressure.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillStat
 from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
-from core.events import RawChange
+from core.events import RawChange, Table
+from core.metrics import CounterBatch
 from core.pacing import EpochPacer
 from core.runtime import Runtime
 from core.threads import keep_thread_state
@@ -84,6 +90,12 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._idle = False
         # Built in build_part, where Bytewax's first epoch starts: see core/pacing.py.
         self._pacer = EpochPacer(time.time())
+        metrics = runtime.metrics
+        self._received: CounterBatch[tuple[Table, str]] = CounterBatch(
+            metrics.changes_received, lambda key: (key[0].qualified, key[1]))
+        metrics.track_bound("epoch_budget", lambda: self._epoch_bytes, epoch_budget)
+        self._budget_wait = metrics.backpressure.labels("epoch_budget")
+        self._budget_reached: float | None = None  # when this epoch reached its budget
 
     def next_batch(self) -> list[RawChange]:
         with self._runtime.guard(f"reading slot {self._reader.db.slot.name}"):
@@ -102,6 +114,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         if self._epoch_bytes >= self._epoch_budget:
             # Bytewax does not throttle a source within an epoch when its output crosses
             # workers: hold back until the epoch closes (the reader keeps Postgres alive).
+            if self._budget_reached is None:
+                self._budget_reached = time.monotonic()
             self._idle = True
             return out
         if (release := self._release) is not None:  # a chunk's reads, before anything after its watermark
@@ -118,6 +132,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             items, size = self._reader.buffer.take(self._batch_size, finish_within=10 * self._batch_size)
             self._epoch_bytes += size
         backfills = self._backfills
+        received = self._received.counts
         for i, item in enumerate(items):
             if type(item) is int:
                 self._lsn = max(self._lsn, item)
@@ -134,7 +149,9 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
                 if backfills.watching:
                     backfills.observe(item)
                 out.append(item)
+                received[item.table, item.action] += 1
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
+        self._received.flush()
         if out:
             self._dirty, self._settled = True, False
         elif self._settled and (lsn := self._confirmable(self._lsn)) > max(self._reader.confirmed, self._confirm_after):
@@ -152,6 +169,9 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._pacer.snapshotted(time.time())
         self._confirm_previous_epoch()
         self._epoch_bytes = 0
+        if self._budget_reached is not None:
+            self._budget_wait.inc(time.monotonic() - self._budget_reached)
+            self._budget_reached = None
         if self._commit_lsn is None:
             # Only epochs that end between transactions are confirmed: then every change in
             # JetStream at or after the confirmed LSN came from a later epoch, which is what
@@ -234,10 +254,12 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
                 self.on_start()
         state = resume_state or {}
         resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
-        reader = SlotReader(self.db, self.settings, resume)
+        metrics = self.runtime.metrics
+        reader = SlotReader(self.db, self.settings, resume, metrics=metrics)
         runner = BackfillRunner(self.db, self.backfill)
         reader.backfill_progress = runner.progress
-        backfills = Backfills(self.db.slot.name, self.sinks, runner, state.get("backfills"), resume.lsn)
+        backfills = Backfills(self.db.slot.name, self.sinks, runner, state.get("backfills"), resume.lsn,
+                              metrics=metrics)
         reader.start()
         self.runtime.register(reader)
         return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,

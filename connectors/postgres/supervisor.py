@@ -10,6 +10,11 @@ terminated (its client is gone and the server has not noticed), anyone else is w
 
 Reading does not depend on Bytewax polling: the partition only takes from the buffer and
 confirms positions; both wake the session through a pipe.
+
+Metrics: each retried session counts in ``walflow_reconnects_total`` (``component="postgres"``,
+the cause as the errors are classified here); the received position and the buffer are read
+at scrape time; the slot's figures on the server come from the heartbeat thread
+(:class:`connectors.postgres.heartbeat.HeartbeatWriter`), never from this one.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from connectors.postgres.session import WAITING_ON_CLIENT, Session
 from connectors.postgres.slot import SlotState
 from connectors.postgres.stream import SlotInUse, StreamError
 from core.errors import FatalError, TransientError
+from core.metrics import Metrics
 
 log = logging.getLogger("walflow.postgres")
 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
 #: A session that streamed this long (seconds) before failing met a new problem: backoff starts over.
 _BACKOFF_RESET: Final = 60.0
+#: How often the slot is looked at on the server when no heartbeats are written (seconds).
+_SAMPLE_EVERY: Final = 5.0
 
 _HOLDER_QUERY = """
 SELECT s.active_pid, r.application_name, coalesce(r.client_addr::text, 'local'),
@@ -61,7 +69,9 @@ class SlotReader:
         resume: ResumePoint,
         *,
         application_name: str | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        """``metrics``: the process's (else the reader's own)."""
         self.db = db
         self.settings = settings
         self.resume = resume
@@ -72,6 +82,13 @@ class SlotReader:
         self._pipe_open = True
         self._pipe_lock = threading.Lock()
         self.buffer = ChangeBuffer(settings.buffer_mb * 1024 * 1024, on_room=self._wake)
+        self.metrics = metrics = metrics or Metrics()
+        slot = db.slot.name
+        metrics.received_lsn.labels(slot).set_function(lambda: self.received)
+        metrics.track_bound("reader_buffer", lambda: self.buffer.size, self.buffer.max_bytes)
+        self._round_trip = metrics.heartbeat_round_trip.labels(slot)
+        self._session: Session | None = None
+        self._catch_up = heartbeat.CatchUpLog(slot)
         #: Why reading stopped for good: a FatalError, or what nobody expected.
         self.error: BaseException | None = None
         self.slot_state: SlotState | None = None
@@ -85,14 +102,15 @@ class SlotReader:
         #: The slot's running backfills and their progress (set by the source).
         self.backfill_progress: Callable[[], list[dict[str, object]]] = list
         interval = settings.heartbeat_interval_ms / 1000
-        self._heartbeats = heartbeat.HeartbeatWriter(db, interval) if interval else None
+        # always: it also samples the slot on the server (no heartbeats then with interval 0)
+        self._heartbeats = heartbeat.HeartbeatWriter(db, interval or _SAMPLE_EVERY, emit=bool(interval),
+                                                     on_sample=self._slot_sampled)
 
     # -- control, from the Bytewax worker thread --------------------------------------------
 
     def start(self) -> SlotReader:
         self._thread.start()
-        if self._heartbeats is not None:
-            self._heartbeats.start()
+        self._heartbeats.start()
         return self
 
     def health(self) -> dict[str, object]:
@@ -121,13 +139,19 @@ class SlotReader:
         return self._confirmed
 
     @property
+    def received(self) -> int:
+        """The furthest WAL position received from the walsender (read from any thread)."""
+        session = self._session
+        decoder = None if session is None else session.decoder
+        return self.resume.lsn if decoder is None else decoder.received
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the thread to finish: it confirms what it was told, ends COPY and closes."""
-        if self._heartbeats is not None:
-            self._heartbeats.stop()
+        self._heartbeats.stop()
         self.stopping.set()
         self._wake()
         if self._thread.is_alive():
@@ -150,6 +174,15 @@ class SlotReader:
         if prefix == heartbeat.PREFIX and (sent := heartbeat.decode(content, self.db.slot.name)):
             self.heartbeat_seen = time.time()
             self.heartbeat_rtt = self.heartbeat_seen - sent
+            self._round_trip.observe(self.heartbeat_rtt)
+
+    def _slot_sampled(self, sample: heartbeat.SlotSample) -> None:
+        """The heartbeat thread looked at the slot on the server: metrics, and the catch-up log."""
+        self.metrics.slot_sampled(self.db.slot.name, sample.current, sample.confirmed, sample.wal_status,
+                                  sample.safe_wal_size)
+        line = self._catch_up.sample(time.monotonic(), sample.current - sample.confirmed, self.received)
+        if line is not None:
+            log.info("%s", line)
 
     def _wake(self) -> None:
         with self._pipe_lock:
@@ -187,19 +220,23 @@ class SlotReader:
         """
         delay = _BACKOFF_MIN
         while not self.stopping.is_set():
-            session = Session(self.db, self.settings, self.resume, self, self.application_name)
+            session = self._session = Session(self.db, self.settings, self.resume, self, self.application_name)
             started = time.monotonic()
             try:
                 session.run()
                 return
             except SlotInUse as exc:
                 problem, retry_after = self._slot_holder(exc)
+                cause = "slot_in_use"
             except StreamError as exc:
                 problem, retry_after = str(exc), exc.retry_after
+                cause = "connection" if exc.sqlstate is None else "server_error"
             except (TransientError, psycopg.OperationalError) as exc:
                 problem, retry_after = str(exc), None
+                cause = "connection"
             finally:
                 self.resume = session.resume_point()
+            self.metrics.reconnects.labels("postgres", cause).inc()
             if time.monotonic() - started > _BACKOFF_RESET:
                 delay = _BACKOFF_MIN
             if retry_after is not None:

@@ -94,7 +94,8 @@ def test_insert_payload_is_exactly_these_bytes() -> None:
         b'"database":{"id":"' + DATABASE_ID.encode() + b'","name":"app","annotations":{},"database":"app",'
         b'"hostname":"db.internal"}}}'
     )
-    assert message == Message("public", "orders", "insert", message.payload, key)  # names, no subject
+    # names, no subject; the commit's Unix time, for commit → ack latency
+    assert message == Message("public", "orders", "insert", message.payload, key, 1796011200.123456)
     assert message.msg_id == key
 
 
@@ -686,6 +687,7 @@ def test_a_reads_id_names_the_backfill_and_the_row() -> None:
     payload = json.loads(message.payload)
     assert payload["metadata"]["idempotency_key"] == message.msg_id
     assert (payload["metadata"]["commit_lsn"], payload["metadata"]["commit_idx"]) == (900, 4)
+    assert message.commit_ts == 0.0  # a read has no commit that latency could be measured from
     # the same row read by another chunk at another position: the same id
     assert envelope()(make_change("read", read=read, lsn=950, idx=0)).msg_id == message.msg_id
 

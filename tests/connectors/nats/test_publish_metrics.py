@@ -1,0 +1,145 @@
+"""What the publisher counts, against a real NATS: acknowledgements, latency, retries, failures, reconnects."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from config.schema import NatsDestination
+from connectors.nats.connection import connect
+from connectors.nats.natspy import WalflowClient
+from connectors.nats.publisher import AckPublisher
+from connectors.nats.stream import ensure_stream
+from core.events import Message
+from core.metrics import Metrics
+from core.runtime import Runtime
+from embedded import wait_for
+from tests.harness import Nats, TestNames
+
+runtime = Runtime()
+
+
+def _value(metrics: Metrics, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (0 if none), parsed from the exposition."""
+    total = 0.0
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+@pytest.fixture
+def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
+    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
+    return NatsDestination.model_validate({
+        "type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "stream": {"name": names.stream}, "ack_timeout_ms": 2000,
+    })
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def nc(dest: NatsDestination, metrics: Metrics) -> Iterator[WalflowClient]:
+    client = runtime.run(connect(dest, name="walflow-test", metrics=metrics))
+    try:
+        yield client
+    finally:
+        runtime.run(client.close())
+
+
+def _publisher(nc: WalflowClient, names: TestNames, metrics: Metrics, window: int = 64) -> AckPublisher:
+    publisher = AckPublisher(nc, subject_prefix=names.subject_prefix, database="app", window=window, ack_timeout=2.0,
+                             label="orders-0", sink="orders", metrics=metrics)
+    runtime.run(publisher.start())
+    return publisher
+
+
+def _message(table: str, action: str, i: int, commit_ts: float) -> Message:
+    return Message("public", table, action, f'{{"i": {i}}}'.encode(), f"{table}-{action}-{i}", commit_ts)
+
+
+def test_acknowledged_messages_are_counted_by_table_and_action_with_their_latency(
+    nc: WalflowClient, dest: NatsDestination, names: TestNames, metrics: Metrics
+) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc, names, metrics, window=8)  # a small window: acks are flushed as it refills
+    old, now = time.time() - 100, time.time()
+    messages = [_message("t", "insert", i, old) for i in range(30)]
+    messages += [_message("u", "update", i, now) for i in range(5)]
+    messages += [_message("t", "read", i, 0.0) for i in range(3)]  # a backfill's read has no commit time
+    runtime.run(publisher.publish(messages))
+    runtime.run(publisher.settle())
+    published = "walflow_changes_published_total"
+    assert _value(metrics, published, sink="orders", table="public.t", action="insert") == 30
+    assert _value(metrics, published, sink="orders", table="public.u", action="update") == 5
+    assert _value(metrics, published, sink="orders", table="public.t", action="read") == 3
+    runtime.run(publisher.publish(messages[:4]))  # a replay: JetStream acknowledges the duplicates
+    runtime.run(publisher.settle())
+    assert _value(metrics, published, sink="orders") == 42
+    latency = "walflow_commit_to_ack_seconds"
+    assert _value(metrics, f"{latency}_count", sink="orders") == 39  # changes only, not the reads
+    assert _value(metrics, f"{latency}_bucket", sink="orders", le="30.0") == 5  # committed just now
+    assert _value(metrics, f"{latency}_bucket", sink="orders", le="60.0") == 5
+    assert _value(metrics, f"{latency}_bucket", sink="orders", le="120.0") == 39  # committed 100 s before
+    assert _value(metrics, f"{latency}_sum", sink="orders") > 34 * 100
+    assert _value(metrics, "walflow_sink_window_messages", sink="orders") == 0  # all acknowledged
+    assert _value(metrics, "walflow_sink_window_limit_messages", sink="orders") == 8
+    assert _value(metrics, "walflow_backpressure_seconds_total", bound="sink_window") > 0  # 38 through a window of 8
+    assert _value(metrics, "walflow_publish_retries_total") == 0
+
+
+def test_error_acknowledgements_count_by_code_and_their_resends_as_retries(
+    nc: WalflowClient, dest: NatsDestination, names: TestNames, metrics: Metrics
+) -> None:
+    """No stream captures the subjects yet: JetStream answers 503 until one does."""
+    publisher = _publisher(nc, names, metrics)
+    messages = [_message("t", "insert", i, time.time()) for i in range(3)]
+    done = threading.Event()
+
+    def publish() -> None:
+        runtime.run(publisher.publish(messages))
+        runtime.run(publisher.settle())
+        done.set()
+
+    worker = threading.Thread(target=publish)
+    worker.start()
+    wait_for(lambda: _value(metrics, "walflow_publish_failures_total", sink="orders", code="503") >= 3, timeout=30,
+             what="503s to be counted")
+    assert not done.is_set()
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    worker.join(60)
+    assert done.is_set()
+    failures = _value(metrics, "walflow_publish_failures_total", sink="orders", code="503")
+    assert failures % 3 == 0  # every round, each message
+    assert _value(metrics, "walflow_publish_retries_total", sink="orders", reason="jetstream_error") == failures
+    assert _value(metrics, "walflow_changes_published_total", sink="orders") == 3
+
+
+@pytest.mark.slow
+def test_a_nats_outage_counts_a_reconnect_and_the_resends(
+    nc: WalflowClient, dest: NatsDestination, names: TestNames, metrics: Metrics, nats_srv: Nats
+) -> None:
+    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    publisher = _publisher(nc, names, metrics)
+    nats_srv.stop()
+    wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
+    worker = threading.Thread(
+        target=lambda: (runtime.run(publisher.publish([_message("t", "insert", 1, time.time())])),
+                        runtime.run(publisher.settle())))
+    worker.start()  # sent while disconnected: re-sent once NATS is back
+    time.sleep(1.0)
+    nats_srv.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    assert _value(metrics, "walflow_reconnects_total", component="nats", cause="eof") == 1  # the server went away
+    assert _value(metrics, "walflow_publish_retries_total", sink="orders", reason="disconnected") >= 1
+    assert _value(metrics, "walflow_changes_published_total", sink="orders") == 1
