@@ -20,6 +20,8 @@ usage: ./run.sh COMMAND [ARGS...]
                               (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax
   backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]
                               ask the running pipeline (or the next one started) to backfill a table
+  check [CONFIG] [--json]     validate the config, PostgreSQL and NATS without starting the flow; each failure
+                              says what to do (exit 0 all pass, 1 any fails)
   demo [--seconds N]          throwaway PostgreSQL + NATS, a demo schema, events printed live (Ctrl-C stops)
   bench [--quick] [OPTIONS]   throughput, CPU, memory, slot lag and latency against its own PostgreSQL + NATS;
                               writes bench/results/<date>.{json,md,png} (--help lists the sizes)
@@ -134,9 +136,9 @@ case "$cmd" in
         ensure_postgres
         exec "$VENV/bin/python" -m bench "$@"
         ;;
-    backfill)
+    backfill | check)
         setup
-        exec "$VENV/bin/walflow" backfill "$@"
+        exec "$VENV/bin/walflow" "$cmd" "$@"
         ;;
     -h | --help | help)
         usage

@@ -1,5 +1,10 @@
 """``walflow``: commands beside the dataflow (``shared/CONTRACT.md``, "The walflow command").
 
+``walflow check [CONFIG] [--json]`` validates the config and the environment without
+starting the flow (exit 0 when every check passes, 1 when any fails; :mod:`cli.check`).
+
+It only looks: it creates no slot, publication or stream.
+
 ``walflow backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]``
 asks the running pipeline (or the next one started) to backfill a table for a sink: the
 request travels through the slot, so it is durable and ordered with the changes. It
@@ -17,6 +22,8 @@ from collections.abc import Sequence
 
 import psycopg
 
+from cli import check
+from cli.probe import first_line
 from config import config_path, load_config
 from connectors.postgres.requests import BackfillRequestError, request_backfills
 from connectors.postgres.signals import BackfillRequest
@@ -24,16 +31,21 @@ from core.errors import FatalError
 from core.runtime import FATAL_EXIT
 from transforms.filter import SinkFilter
 
+_CONFIG_HELP = "the config file (default: $WALFLOW_CONFIG, then config/walflow.yaml)"
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="walflow", description="walflow: Postgres change data capture to NATS JetStream")
     commands = parser.add_subparsers(dest="command", required=True)
     backfill = commands.add_parser("backfill", help="backfill a table for a sink, while the pipeline runs")
-    backfill.add_argument("config", nargs="?", help="the config file (default: $WALFLOW_CONFIG, then config/walflow.yaml)")
+    backfill.add_argument("config", nargs="?", help=_CONFIG_HELP)
     backfill.add_argument("--sink", required=True, help="the sink that publishes the rows")
     backfill.add_argument("--table", required=True, help="the table, as schema.table")
     backfill.add_argument("--sort-column", help="partial backfill: the column that orders the rows")
     backfill.add_argument("--start-position", help="partial backfill: rows whose sort column is at or after this")
+    checking = commands.add_parser("check", help="validate the config and the environment, without starting the flow")
+    checking.add_argument("config", nargs="?", help=_CONFIG_HELP)
+    checking.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return parser
 
 
@@ -57,9 +69,22 @@ def backfill(args: argparse.Namespace) -> str:
     return request.id
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``check``. Every problem it looks for is a finding; anything else is a bug of its own,
+    said in one line with the exit status of a failed check."""
+    try:
+        return check.main(args.config or config_path(), as_json=args.json)
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback, even for what nobody foresaw
+        print(f"walflow: {args.command} failed unexpectedly ({type(exc).__name__}: {first_line(exc)}); "
+              "this is a bug in walflow", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the pipeline's warnings (tables without a key, …) are its own
+    if args.command == "check":
+        return _report(args)
     try:
         if args.command == "backfill":
             print(backfill(args))
@@ -67,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"walflow: {exc}", file=sys.stderr)
         return FATAL_EXIT
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"walflow: cannot reach the database: {first}", file=sys.stderr)
+        print(f"walflow: cannot reach the database: {first_line(exc)}", file=sys.stderr)
         return FATAL_EXIT
     return 0
 
