@@ -22,6 +22,7 @@ usage: ./run.sh COMMAND [ARGS...]
                               ask the running pipeline (or the next one started) to backfill a table
   check [CONFIG] [--json]     validate the config, PostgreSQL and NATS without starting the flow; each failure
                               says what to do (exit 0 all pass, 1 any fails)
+  status [CONFIG] [--json]    is the pipeline healthy, and if not, why (exit 0 healthy, 1 degraded, 2 down)
   demo [--seconds N]          throwaway PostgreSQL + NATS, a demo schema, events printed live (Ctrl-C stops)
   bench [--quick] [OPTIONS]   throughput, CPU, memory, slot lag and latency against its own PostgreSQL + NATS;
                               writes bench/results/<date>.{json,md,png} (--help lists the sizes)
@@ -136,7 +137,7 @@ case "$cmd" in
         ensure_postgres
         exec "$VENV/bin/python" -m bench "$@"
         ;;
-    backfill | check)
+    backfill | check | status)
         setup
         exec "$VENV/bin/walflow" "$cmd" "$@"
         ;;

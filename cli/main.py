@@ -3,7 +3,10 @@
 ``walflow check [CONFIG] [--json]`` validates the config and the environment without
 starting the flow (exit 0 when every check passes, 1 when any fails; :mod:`cli.check`).
 
-It only looks: it creates no slot, publication or stream.
+``walflow status [CONFIG] [--json] [--sample SECONDS]`` tells whether the pipeline is
+healthy and, if not, why (exit 0 healthy, 1 degraded, 2 down; :mod:`cli.status`).
+
+Both only look: they create no slot, publication or stream, whether or not the pipeline runs.
 
 ``walflow backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]``
 asks the running pipeline (or the next one started) to backfill a table for a sink: the
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from cli import check
+from cli import check, status
 from cli.probe import first_line
 from config import config_path, load_config
 from connectors.postgres.requests import BackfillRequestError, request_backfills
@@ -44,9 +47,20 @@ def _parser() -> argparse.ArgumentParser:
     backfill.add_argument("--sort-column", help="partial backfill: the column that orders the rows")
     backfill.add_argument("--start-position", help="partial backfill: rows whose sort column is at or after this")
     checking = commands.add_parser("check", help="validate the config and the environment, without starting the flow")
-    checking.add_argument("config", nargs="?", help=_CONFIG_HELP)
-    checking.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    reporting = commands.add_parser("status", help="is the pipeline healthy, and if not, why")
+    for command in (checking, reporting):
+        command.add_argument("config", nargs="?", help=_CONFIG_HELP)
+        command.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    reporting.add_argument("--sample", type=_seconds, default=3.0, metavar="SECONDS",
+                        help="seconds between the two samples of each slot that tell its trend (default 3; 0: one)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"{text}: expected seconds from 0 to 600")
+    return value
 
 
 def backfill(args: argparse.Namespace) -> str:
@@ -70,20 +84,22 @@ def backfill(args: argparse.Namespace) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """``check``. Every problem it looks for is a finding; anything else is a bug of its own,
-    said in one line with the exit status of a failed check."""
+    """``check`` or ``status``. Every problem they look for is a finding; anything else is a bug
+    of theirs, said in one line with the exit status of a failed check / a down pipeline."""
     try:
+        if args.command == "status":
+            return status.main(args.config or config_path(), as_json=args.json, sample_s=args.sample)
         return check.main(args.config or config_path(), as_json=args.json)
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback, even for what nobody foresaw
         print(f"walflow: {args.command} failed unexpectedly ({type(exc).__name__}: {first_line(exc)}); "
               "this is a bug in walflow", file=sys.stderr)
-        return 1
+        return status.EXIT["down"] if args.command == "status" else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the pipeline's warnings (tables without a key, …) are its own
-    if args.command == "check":
+    if args.command in ("check", "status"):
         return _report(args)
     try:
         if args.command == "backfill":

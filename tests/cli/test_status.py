@@ -1,0 +1,237 @@
+"""``walflow status`` against real servers: healthy, stopped, a hung foreign holder, an invalidated
+slot, NATS down — the verdict, the exit status and the operator's line, as text and as JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from embedded import PostgresServer, wait_for
+from embedded._process import free_port
+from embedded.postgres import find_bindir
+from tests.cli.helpers import add_stream, edit, health_on, run_both, status, stream_exists, verdict
+from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed, walsender
+from tests.pipeline import assert_running, pipeline, write_config
+from tests.workload import setup_events
+
+
+def _create_slot(database: Database, names: TestNames) -> None:
+    with database.connect() as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
+
+
+def _insert(database: Database, ids: range) -> None:
+    with database.connect() as conn:
+        for i in ids:
+            conn.execute("INSERT INTO events VALUES (%s, 'x')", [i])
+
+
+@pytest.mark.slow
+def test_a_healthy_pipeline(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = health_on(setup_events(database, names, nats_srv, tmp_path), port)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: verdict(config) == "healthy", timeout=60, interval=1,
+                 what="a healthy status", check=lambda: assert_running(proc))
+        _insert(database, range(1, 4))
+        end = database.current_lsn()
+        wait_for(lambda: slot_confirmed(database) >= end, timeout=30, what="delivery", check=lambda: assert_running(proc))
+        out = status(config)
+    assert out.code == 0 and out.data["verdict"] == "healthy" and out.data["reasons"] == []
+    assert out.text.startswith("walflow status: HEALTHY — changes flow from every slot to JetStream\n")
+    assert "\x1b[" not in out.text  # not a terminal: no colour
+    assert not out.levels("down") and not out.levels("degraded")
+    read = out.finding("ok", "read by walflow: PID ")
+    assert f"walflow:{names.slot}" in read["text"]
+    out.finding("ok", f"running and ready at http://127.0.0.1:{port}/readyz: slot {names.slot} connected")
+    out.finding("ok", f"stream {names.stream}: 3 messages")
+    (db,) = out.data["databases"]
+    assert db["slot"]["holder"]["application_name"] == f"walflow:{names.slot}" and db["slot"]["active"]
+    assert db["slot"]["wal_status"] == "reserved" and db["slot"]["lag_bytes"] < 1_000_000
+    assert db["publication"] == {"name": names.publication, "exists": True, "tables": ["public.events"],
+                                 "actions": ["delete", "insert", "truncate", "update"]}
+    (sink,) = out.data["sinks"]
+    assert sink["nats_reachable"] and sink["stream"]["messages"] == 3 and sink["stream"]["last_sequence"] == 3
+    assert sink["stream"]["duplicate_window_s"] == 120
+    assert out.data["pipeline"]["answering"] and out.data["pipeline"]["ready"]
+
+
+@pytest.mark.parametrize("health", [True, False])
+def test_a_stopped_pipeline_is_down(
+    health: bool, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    """What a pipeline leaves behind when it stops: its slot, inactive, keeping WAL; its stream."""
+    port = free_port()
+    config = setup_events(database, names, nats_srv, tmp_path)
+    if health:
+        health_on(config, port)
+    _create_slot(database, names)
+    add_stream(nats_srv.url, names.stream, [f"{names.subject_prefix}.shop.>"])
+    _insert(database, range(1, 4))
+    out = status(config)
+    assert out.code == 2 and out.data["verdict"] == "down"
+    inactive = out.finding("down", f"slot {names.slot} is inactive: no walflow reads it")
+    if health:
+        url = f"http://127.0.0.1:{port}/readyz"
+        assert out.data["reasons"][0].startswith(f"pipeline not running (health endpoint not answering at {url}: ")
+        assert out.text.startswith(f"walflow status: DOWN — pipeline not running (health endpoint not answering at {url}")
+        assert out.finding("down", "pipeline not running")["fix"] == f"start it: ./run.sh run {config}"
+        assert inactive["fix"] is None  # said once, on the pipeline's line
+    else:
+        assert out.data["reasons"] == [inactive["text"]]
+        assert inactive["fix"] == f"start walflow: ./run.sh run {config}"
+        out.finding("info", "health endpoint off (walflow.health.enabled: false)")
+    assert "lag " in " ".join(out.levels("ok") + out.levels("info"))
+    out.finding("ok", f"stream {names.stream}: 0 messages")  # NATS and the stream are fine
+    assert out.data["databases"][0]["slot"]["holder"] is None
+    assert out.data["databases"][0]["slot"]["lag_bytes"] > 0
+
+
+def test_status_and_check_change_nothing(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    """Before the first start nothing exists; both commands say so and leave it so."""
+    config = write_config(tmp_path, database, nats_srv, names, [
+        {"name": "fresh", "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}])
+    out = status(config)
+    assert out.code == 2
+    out.finding("down", f"slot {names.slot} does not exist: PostgreSQL keeps no changes for walflow")
+    out.finding("down", f"publication {names.publication} does not exist: nothing is published")
+    out.finding("degraded", f"stream {names.stream} does not exist: walflow creates it when it starts")
+    checked = run_both("check", config)
+    assert checked.code == 0, checked.text
+    checked.finding("pass", f"slot {names.slot} does not exist: walflow creates it at start")
+    checked.finding("pass", f"stream {names.stream} does not exist: walflow creates it at start")
+    with database.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = %s",
+                            [names.database]).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
+    assert not stream_exists(nats_srv.url, names.stream)
+
+
+@contextlib.contextmanager
+def _hung_recvlogical(database: Database, names: TestNames) -> Iterator[int]:
+    """A ``pg_recvlogical`` that holds the test's slot and is stopped (SIGSTOP): its walsender's PID."""
+    _create_slot(database, names)
+    dsn = f"{database.dsn} options='-c wal_sender_timeout=0'"  # the server never gives up on it
+    holder = subprocess.Popen(
+        [str(find_bindir() / "pg_recvlogical"), "-d", dsn, "--slot", names.slot, "--start", "-f", "/dev/null",
+         "-o", "proto_version=1", "-o", f"publication_names={names.publication}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (w := walsender(database)) is not None and w[1] == "pg_recvlogical", timeout=30,
+                 what="pg_recvlogical to hold the slot")
+        holder.send_signal(signal.SIGSTOP)
+        held = walsender(database)
+        assert held is not None
+        yield held[0]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_slot_held_by_a_hung_pg_recvlogical(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = setup_events(database, names, nats_srv, tmp_path)
+    with _hung_recvlogical(database, names) as pid:
+        out = status(config)
+        checked = run_both("check", config)
+    assert out.code == 2 and out.data["verdict"] == "down"
+    held = out.finding("down", f"slot held by PID {pid} (pg_recvlogical, 127.0.0.1, last reply ")
+    assert held["text"].endswith("ago): not walflow, so walflow cannot read the slot; it retries until the slot is "
+                                 "released")
+    assert held["fix"] == (f"if pg_recvlogical should not read slot {names.slot}: SELECT pg_terminate_backend({pid}); "
+                           "(walflow takes the slot at its next attempt)")
+    assert out.data["reasons"][0] == held["text"]
+    holder = out.data["databases"][0]["slot"]["holder"]
+    assert holder["pid"] == pid and holder["application_name"] == "pg_recvlogical" and holder["walsender"]
+    assert checked.code == 0  # a holder is no misconfiguration: walflow would wait for it
+    checked.finding("warn", f"slot {names.slot} is held by PID {pid} (pg_recvlogical")
+
+
+@pytest.fixture(scope="module")
+def small_wal_server() -> Iterator[PostgresServer]:
+    settings = {"max_slot_wal_keep_size": "1MB", "max_wal_size": "32MB", "min_wal_size": "32MB"}
+    with PostgresServer(settings=settings) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_an_invalidated_slot(small_wal_server: PostgresServer, nats_srv: Nats, names: TestNames, tmp_path: Path) -> None:
+    database = Database(small_wal_server, names)
+    database.create()
+    try:
+        with database.connect() as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, payload text)")
+            conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
+            _lose_the_slot(conn, names.slot)
+        sink = {"name": "events", "destination": {"subject_prefix": names.subject_prefix,
+                                                  "stream": {"name": names.stream}}}
+        config = write_config(tmp_path, database, nats_srv, names, [sink])
+        out = status(config)
+        checked = run_both("check", config)
+    finally:
+        database.drop()
+    fix = (f"SELECT pg_drop_replication_slot('{names.slot}'); then start walflow (./run.sh run {config}), which "
+           f"creates the slot again; then backfill what the slot lost: walflow backfill {config} --sink events "
+           "--table public.t")
+    assert out.code == 2 and out.data["verdict"] == "down"
+    lost = out.finding("down", f"wal_status lost: PostgreSQL invalidated slot {names.slot} (the WAL it needed is "
+                               "removed), so the changes after its confirmed LSN ")
+    assert lost["fix"] == fix
+    assert out.data["databases"][0]["slot"]["wal_status"] == "lost"
+    assert checked.code == 1 and checked.data["verdict"] == "fail"
+    assert checked.finding("fail", f"slot {names.slot} was invalidated by PostgreSQL (wal_status lost)")["fix"] == fix
+
+
+def _lose_the_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
+    """Write well past max_slot_wal_keep_size; a checkpoint then removes the WAL the slot needs."""
+    for i in range(6):
+        conn.execute("INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(%s::int, %s::int) g",
+                     [i * 20000, i * 20000 + 19999])
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("CHECKPOINT")
+    assert conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone() == (
+        "lost",)
+
+
+@pytest.mark.slow
+def test_nats_down_under_a_running_pipeline(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = setup_events(database, names, nats_srv, tmp_path)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
+        nats_srv.stop()
+        try:
+            _insert(database, range(1, 4))
+            out = status(config)
+        finally:
+            nats_srv.start()
+    assert out.code == 2 and out.data["verdict"] == "down"
+    unreachable = out.finding("down", f"NATS unreachable at {nats_srv.url}: ")
+    assert out.data["reasons"] == [unreachable["text"]]  # the one thing wrong
+    assert "Connect call failed" in unreachable["text"] or "refused" in unreachable["text"].lower()
+    assert unreachable["fix"].startswith("start NATS there, or correct the sink's destination")
+    out.finding("ok", "read by walflow: PID ")  # replication itself is fine
+    assert out.data["sinks"][0]["nats_reachable"] is False
+
+
+def test_a_database_that_does_not_answer(names: TestNames, nats_srv: Nats, tmp_path: Path, database: Database) -> None:
+    config = edit(setup_events(database, names, nats_srv, tmp_path),
+                  lambda data: data["databases"][0].update(port=free_port()))
+    out = status(config, "--sample", "0")
+    assert out.code == 2
+    down = out.finding("down", "cannot reach database 'shop' at 127.0.0.1:")
+    assert down["fix"].startswith("check that PostgreSQL runs there")
