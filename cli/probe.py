@@ -69,6 +69,9 @@ class Finding:
     #: What to run or change. None where there is nothing to do, or where ``text`` is a
     #: message of the pipeline's own, which already ends with what to do.
     fix: str | None = None
+    #: What another finding explains (a slot inactive because the pipeline is not running):
+    #: a verdict names its causes first.
+    follows: bool = False
 
     def as_json(self, names: Mapping[Level, str]) -> dict[str, object]:
         return {"about": self.about, "level": names[self.level], "text": self.text, "fix": self.fix}

@@ -136,8 +136,11 @@ class Status:
 
     @property
     def reasons(self) -> list[Finding]:
+        """The findings that make the verdict, causes first: what is wrong with the slot, the database
+        or a sink before what the pipeline makes of it, consequences last."""
         level = worst(self.findings)
-        return [f for f in self.findings if f.level == level and level >= Level.WARN]
+        worst_ones = [f for f in self.findings if f.level == level and level >= Level.WARN]
+        return sorted(worst_ones, key=lambda f: (f.follows, f.about == "pipeline"))
 
     def as_json(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reasons": [f.text for f in self.reasons], "config": self.config_file,
@@ -290,7 +293,8 @@ def _holder(db: DatabaseConfig, config_file: str, last: SlotSample, health: Heal
         start = None if health is not None else f"start walflow: ./run.sh run {config_file}"
         return Finding(about, Level.FAIL, f"slot {slot} is inactive: "
                        + ("the running pipeline is not connected to it (see pipeline)" if reads
-                          else "no walflow reads it"), start)
+                          else "no walflow reads it (PostgreSQL keeps its WAL meanwhile: nothing is lost yet)"),
+                       start, follows=health is not None)
     if holder.application_name != f"walflow:{slot}":
         who = holder.application_name or "a client whose name this role may not see"
         return Finding(about, Level.FAIL, f"slot held by {holder.describe()}: not walflow, so walflow cannot read "
@@ -382,7 +386,7 @@ def _reader(slot: str, reader: dict[str, Any], url: str) -> Finding:
         return Finding(about, Level.FAIL, f"pipeline stopped replicating slot {slot}: {reader['error']}")
     if not reader.get("connected"):
         return Finding(about, Level.FAIL, f"pipeline running at {url} but not connected to slot {slot}: reconnecting "
-                       "(its log says why)")
+                       "(its log says why)", follows=True)
     age = reader.get("heartbeat_age_s")
     if not reader.get("ready"):
         why = ("no heartbeat back through the slot yet (just started?)" if age is None

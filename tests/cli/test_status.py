@@ -4,6 +4,8 @@ slot, NATS down — the verdict, the exit status and the operator's line, as tex
 from __future__ import annotations
 
 import contextlib
+import os
+import pty
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -11,14 +13,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 
+from cli.status import STUCK_AFTER
 from embedded import PostgresServer, wait_for
 from embedded._process import free_port
 from embedded.postgres import find_bindir
+from tests.backfill.helpers import WALFLOW
 from tests.cli.helpers import add_stream, edit, health_on, run_both, status, stream_exists, verdict
 from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed, walsender
 from tests.pipeline import assert_running, pipeline, write_config
-from tests.workload import setup_events
+from tests.workload import Inserter, setup_events
 
 
 def _create_slot(database: Database, names: TestNames) -> None:
@@ -142,7 +147,7 @@ def _hung_recvlogical(database: Database, names: TestNames) -> Iterator[int]:
 def test_a_slot_held_by_a_hung_pg_recvlogical(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
-    config = setup_events(database, names, nats_srv, tmp_path)
+    config = health_on(setup_events(database, names, nats_srv, tmp_path), free_port())  # and walflow not running
     with _hung_recvlogical(database, names) as pid:
         out = status(config)
         checked = run_both("check", config)
@@ -152,7 +157,9 @@ def test_a_slot_held_by_a_hung_pg_recvlogical(
                                  "released")
     assert held["fix"] == (f"if pg_recvlogical should not read slot {names.slot}: SELECT pg_terminate_backend({pid}); "
                            "(walflow takes the slot at its next attempt)")
-    assert out.data["reasons"][0] == held["text"]
+    stopped = out.finding("down", "pipeline not running")
+    assert out.data["reasons"] == [held["text"], stopped["text"]]  # the cause first: walflow could not read it anyway
+    assert out.text.startswith(f"walflow status: DOWN — slot held by PID {pid} (pg_recvlogical, ")
     holder = out.data["databases"][0]["slot"]["holder"]
     assert holder["pid"] == pid and holder["application_name"] == "pg_recvlogical" and holder["walsender"]
     assert checked.code == 0  # a holder is no misconfiguration: walflow would wait for it
@@ -207,17 +214,25 @@ def _lose_the_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> N
 
 
 @pytest.mark.slow
-def test_nats_down_under_a_running_pipeline(
+def test_nats_down_under_a_running_pipeline_then_the_slot_stuck(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
+    """At once: NATS unreachable is the one reason. Half a minute on, with changes waiting, the slot
+    says since when its confirmed LSN has stood still (the first seed's question)."""
     config = setup_events(database, names, nats_srv, tmp_path)
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
         nats_srv.stop()
+        writer = Inserter(database.dsn, rate=50)
         try:
-            _insert(database, range(1, 4))
+            writer.start()
             out = status(config)
+            wait_for(lambda: _flush_lag(database) > STUCK_AFTER + 1, timeout=120, interval=1,
+                     what="the confirmed LSN to stand still for long", check=lambda: assert_running(proc))
+            stuck = status(config)
         finally:
+            writer.stop.set()
+            writer.join(10)
             nats_srv.start()
     assert out.code == 2 and out.data["verdict"] == "down"
     unreachable = out.finding("down", f"NATS unreachable at {nats_srv.url}: ")
@@ -227,6 +242,21 @@ def test_nats_down_under_a_running_pipeline(
     out.finding("ok", "read by walflow: PID ")  # replication itself is fine
     assert out.data["sinks"][0]["nats_reachable"] is False
 
+    assert stuck.code == 2  # still down: NATS
+    stall = stuck.finding("degraded", " and growing, confirmed LSN ")
+    assert stall["text"].startswith("slot lag ") and " stuck since " in stall["text"]
+    assert stall["text"].endswith("walflow reads but JetStream does not acknowledge (see the sinks)")
+    slot = stuck.data["databases"][0]["slot"]
+    assert slot["trend"]["stuck"] and slot["trend"]["stuck_for_s"] > STUCK_AFTER
+    assert slot["trend"]["lag_change_bytes_per_s"] > 0
+
+
+def _flush_lag(database: Database) -> float:
+    with database.connect() as conn:
+        row = conn.execute("SELECT extract(epoch FROM flush_lag)::float8 FROM pg_stat_replication "
+                           "WHERE application_name LIKE 'walflow:%'").fetchone()
+    return float(str(row[0])) if row and row[0] is not None else 0.0
+
 
 def test_a_database_that_does_not_answer(names: TestNames, nats_srv: Nats, tmp_path: Path, database: Database) -> None:
     config = edit(setup_events(database, names, nats_srv, tmp_path),
@@ -235,3 +265,34 @@ def test_a_database_that_does_not_answer(names: TestNames, nats_srv: Nats, tmp_p
     assert out.code == 2
     down = out.finding("down", "cannot reach database 'shop' at 127.0.0.1:")
     assert down["fix"].startswith("check that PostgreSQL runs there")
+
+
+def _on_a_terminal(*args: str | Path, env: dict[str, str]) -> tuple[int, str]:
+    """``walflow ARGS`` with its stdout on a pseudo-terminal: the exit status and what it showed."""
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([str(WALFLOW), *map(str, args)], stdout=follower, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **env}, timeout=60, check=False)
+    finally:
+        os.close(follower)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once everything written is read
+        while chunk := os.read(leader, 65536):
+            shown += chunk
+    os.close(leader)
+    assert done.stderr == ""
+    return done.returncode, shown.decode()
+
+
+def test_colour_on_a_terminal_unless_no_color(tmp_path: Path) -> None:
+    config = tmp_path / "walflow.yaml"  # nothing answers: quick, and down
+    config.write_text(yaml.safe_dump({
+        "databases": [{"name": "app", "hostname": "127.0.0.1", "port": free_port(), "database": "app",
+                       "slot": {"name": "s"}, "publication": {"name": "p"}}],
+        "sinks": [{"name": "out", "database": "app",
+                   "destination": {"type": "nats", "host": "127.0.0.1", "port": free_port()}}]}))
+    code, shown = _on_a_terminal("status", config, "--sample", "0", env={"NO_COLOR": ""})
+    assert code == 2 and shown.startswith("walflow status: \x1b[1;31mDOWN\x1b[0m — ")
+    assert "\x1b[1;31mDOWN    \x1b[0m  cannot reach database 'app'" in shown
+    code, plain = _on_a_terminal("status", config, "--sample", "0", env={"NO_COLOR": "1"})
+    assert code == 2 and "\x1b[" not in plain and plain.startswith("walflow status: DOWN — ")
