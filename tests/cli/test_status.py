@@ -19,7 +19,7 @@ from cli.status import STUCK_AFTER
 from embedded import PostgresServer, wait_for
 from embedded._process import free_port
 from embedded.postgres import find_bindir
-from tests.backfill.helpers import WALFLOW
+from tests.backfill.helpers import WALFLOW, walflow
 from tests.cli.helpers import add_stream, edit, health_on, run_both, status, stream_exists, verdict
 from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed, walsender
 from tests.pipeline import assert_running, pipeline, write_config
@@ -296,3 +296,31 @@ def test_colour_on_a_terminal_unless_no_color(tmp_path: Path) -> None:
     assert "\x1b[1;31mDOWN    \x1b[0m  cannot reach database 'app'" in shown
     code, plain = _on_a_terminal("status", config, "--sample", "0", env={"NO_COLOR": "1"})
     assert code == 2 and "\x1b[" not in plain and plain.startswith("walflow status: DOWN — ")
+
+
+@pytest.mark.slow
+def test_a_running_backfill_shows_with_its_progress(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = health_on(setup_events(database, names, nats_srv, tmp_path), free_port())
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE big (id int PRIMARY KEY, payload text)")
+        conn.execute("INSERT INTO big SELECT g, repeat('b', 200) FROM generate_series(1, 400000) g")
+        conn.execute("ANALYZE big")  # the estimate
+        conn.execute(f"ALTER PUBLICATION {names.publication} ADD TABLE big")
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: verdict(config) == "healthy", timeout=60, interval=1, what="a healthy status",
+                 check=lambda: assert_running(proc))
+        requested = walflow("backfill", config, "--sink", "g", "--table", "public.big")
+        assert requested.returncode == 0, requested.stderr
+        backfill = requested.stdout.strip()
+        shown: list[str] = []
+
+        def running() -> bool:
+            out = run_both("status", config, "--sample", "0")
+            shown[:] = [f["text"] for f in out.findings if f["text"].startswith(f"backfill {backfill} (running)")]
+            return bool(shown)
+
+        wait_for(running, timeout=60, interval=0.2, what="the backfill in the status", check=lambda: assert_running(proc))
+    assert shown[0].startswith(f"backfill {backfill} (running): public.big → g: "), shown
+    assert "/~400,000 rows, " in shown[0] and " rows/s" in shown[0]
