@@ -161,6 +161,7 @@ class AckPublisher:
             metrics.changes_published, lambda subject: (sink, *self._names[subject]))
         self._acked = self._published.counts  # by subject, in _on_ack
         self._latency = metrics.commit_to_ack.batch(sink)
+        self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
         self._window_wait = metrics.backpressure.labels("sink_window")
         metrics.track_window(sink, lambda: len(self._inflight), window)
 
@@ -376,7 +377,7 @@ class AckPublisher:
             entry.seq = int(found.group(1))
             self._acked[entry.subject] += 1
             if committed := entry.message.commit_ts:  # 0.0 for a backfill's read
-                self._latency.observe(time.time() - committed)
+                self._observe_latency(time.time() - committed)
         else:
             entry.error = _ack_error(entry.subject.decode(), data, headers)
             self._failed = True

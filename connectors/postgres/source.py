@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypedDict
+from typing import TypedDict, get_args
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
@@ -32,7 +32,7 @@ from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillStat
 from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
-from core.events import RawChange, Table
+from core.events import Action, RawChange, Table
 from core.metrics import CounterBatch
 from core.pacing import EpochPacer
 from core.runtime import Runtime
@@ -42,6 +42,11 @@ log = logging.getLogger("walflow.postgres")
 
 #: How long an idle partition waits before Bytewax polls it again (it must not block).
 _IDLE_POLL = 0.005
+
+
+def _received_labels(action: str) -> Callable[[Table], tuple[str, str]]:
+    """``walflow_changes_received_total``'s labels for a table's changes of ``action``."""
+    return lambda table: (table.qualified, action)
 
 
 class SourceState(TypedDict, total=False):
@@ -91,8 +96,13 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         # Built in build_part, where Bytewax's first epoch starts: see core/pacing.py.
         self._pacer = EpochPacer(time.time())
         metrics = runtime.metrics
-        self._received: CounterBatch[tuple[Table, str]] = CounterBatch(
-            metrics.changes_received, lambda key: (key[0].qualified, key[1]))
+        # One batch per action, keyed by the Table itself: no key tuple built and hashed per change.
+        self._received: list[CounterBatch[Table]] = []
+        self._received_by_action: dict[str, defaultdict[Table, int]] = {}
+        for action in get_args(Action):
+            batch: CounterBatch[Table] = CounterBatch(metrics.changes_received, _received_labels(action))
+            self._received.append(batch)
+            self._received_by_action[action] = batch.counts
         metrics.track_bound("epoch_budget", lambda: self._epoch_bytes, epoch_budget)
         self._budget_wait = metrics.backpressure.labels("epoch_budget")
         self._budget_reached: float | None = None  # when this epoch reached its budget
@@ -132,7 +142,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             items, size = self._reader.buffer.take(self._batch_size, finish_within=10 * self._batch_size)
             self._epoch_bytes += size
         backfills = self._backfills
-        received = self._received.counts
+        received = self._received_by_action
         for i, item in enumerate(items):
             if type(item) is int:
                 self._lsn = max(self._lsn, item)
@@ -149,9 +159,10 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
                 if backfills.watching:
                     backfills.observe(item)
                 out.append(item)
-                received[item.table, item.action] += 1
+                received[item.action][item.table] += 1
                 self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
-        self._received.flush()
+        for batch in self._received:
+            batch.flush()
         if out:
             self._dirty, self._settled = True, False
         elif self._settled and (lsn := self._confirmable(self._lsn)) > max(self._reader.confirmed, self._confirm_after):
