@@ -10,7 +10,7 @@ Nothing here changes anything. Postgres gets ``SELECT`` and ``SHOW`` only. The N
 connection is a :class:`ProbeClient`, which sends JetStream's lookups (``INFO``,
 ``STREAM.INFO``, ``STREAM.NAMES``) and publishes that carry a ``Nats-Expected-Stream`` no
 stream can be named (JetStream refuses those before storing anything), and raises
-:class:`WouldChange` instead of sending any other request. That is what lets
+:class:`WouldChange` instead of sending any other message. That is what lets
 :func:`stream_plan` run the pipeline's own stream rules (``connectors.nats.stream.ensure_stream``)
 as they are: they stop at the first change they would make, which says what the pipeline
 would do, and their refusals are the pipeline's own words.
@@ -398,6 +398,19 @@ class ProbeClient(WalflowClient):
         if self._refusal is not None and not self._refusal.done():
             self._refusal.set_result(violation)
 
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Every message nats-py sends goes through here (requests, JetStream's API and its
+        publishes alike): the one place to stop what would change something."""
+        if not _harmless(subject, headers):
+            raise WouldChange(subject, payload)
+        await super().publish(subject, payload, reply, headers)
+
     async def request(
         self,
         subject: str,
@@ -406,8 +419,6 @@ class ProbeClient(WalflowClient):
         old_style: bool = False,
         headers: dict[str, Any] | None = None,
     ) -> Msg:
-        if not _harmless(subject, headers):
-            raise WouldChange(subject, payload)
         refusal = self._refusal = asyncio.get_running_loop().create_future()
         asking = asyncio.ensure_future(super().request(subject, payload, timeout, old_style, headers))
         await asyncio.wait({asking, refusal}, return_when=asyncio.FIRST_COMPLETED)

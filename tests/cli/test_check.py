@@ -3,6 +3,7 @@ with its fix; and the NATS permissions of the JetStream API and of publishing, p
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from cli.probe import WouldChange, close_nats, open_nats
+from config.schema import NatsDestination
 from embedded import NatsServer, PostgresServer
 from embedded._process import free_port
 from tests.backfill.helpers import stored_count
@@ -194,3 +197,26 @@ def test_nats_credentials_and_permissions(
                                             'violation for publish to "denied.shop.public.events.insert")')
     assert failed["sink nopub"]["fix"] == "grant user 'nopub' publish permission on denied.>"
     out.finding("pass", f"may publish on {names.subject_prefix}.shop.public.events.insert")
+
+
+def test_the_probes_connection_sends_nothing_that_would_change_jetstream(nats_srv: Nats, names: TestNames) -> None:
+    dest = NatsDestination.model_validate({"type": "nats", "servers": [nats_srv.url]})
+
+    async def run() -> list[str]:
+        nc = await open_nats(dest, "walflow:test")
+        js = nc.jetstream()
+        stopped = []
+        try:
+            for attempt in (nc.publish(f"{names.subject_prefix}.x", b"1"), js.publish(f"{names.subject_prefix}.x", b"1"),
+                            js.add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.>"]),
+                            js.delete_stream(names.stream)):
+                with pytest.raises(WouldChange) as info:
+                    await attempt
+                stopped.append(info.value.subject)
+            await js.account_info()  # a lookup goes through
+        finally:
+            await close_nats(nc)
+        return stopped
+
+    assert asyncio.run(run()) == [f"{names.subject_prefix}.x", f"{names.subject_prefix}.x",
+                                  f"$JS.API.STREAM.CREATE.{names.stream}", f"$JS.API.STREAM.DELETE.{names.stream}"]
