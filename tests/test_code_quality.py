@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["bench", "config", "core", "connectors", "dataflows", "demo", "embedded", "transforms", "tests"]
+PACKAGES = ["bench", "cli", "config", "core", "connectors", "dataflows", "demo", "embedded", "transforms", "tests"]
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
