@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
-from core.events import Action
+from core.events import Action, ReadOf
+from core.metrics import Metrics
 from tests.transforms.samples import make_sink, raw_change
 from transforms.filter import SinkFilter
 
@@ -143,3 +145,27 @@ def test_one_decision_per_table_however_many_versions_come_by() -> None:
     accept = SinkFilter(make_sink())
     assert all(accept(raw_change()) for _ in range(50))
     assert len(accept._tables) == 1
+
+
+def test_a_batch_keeps_its_order_and_counts_what_it_drops_from_the_slot() -> None:
+    metrics = Metrics()
+    select = SinkFilter(make_sink(name="audit", actions=["insert", "delete"]), metrics).select
+    mine, theirs = ReadOf("audit", "b1", '["1"]'), ReadOf("other", "b2", '["1"]')
+    batch = [
+        raw_change("insert", idx=0),
+        raw_change("update", idx=1),
+        raw_change("delete", idx=2, old={"id": b"7"}),
+        raw_change("update", table="items", idx=3),
+        raw_change("truncate", idx=4),
+        raw_change("insert", idx=5)._replace(action="read", read=mine),
+        raw_change("insert", idx=6)._replace(action="read", read=theirs),  # another sink's: not dropped from the slot
+    ]
+    assert [c.commit_idx for c in select(batch)] == [0, 2, 5]
+    select(batch[1:2])
+    counted = {
+        (s.labels["sink"], s.labels["table"], s.labels["action"]): s.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for s in family.samples if s.name == "walflow_changes_filtered_total"
+    }
+    assert counted == {("audit", "public.orders", "update"): 2, ("audit", "public.items", "update"): 1,
+                       ("audit", "public.orders", "truncate"): 1}
