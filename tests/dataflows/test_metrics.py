@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,39 @@ def test_a_backfill_counts_its_rows_and_chunks(
     assert _by(metrics["walflow_backfill_rows_total"], "sink", "table") == {("t2-backfill", "public.t2"): 3}
     assert _by(metrics["walflow_backfill_chunks_total"], "sink", "table") == {("t2-backfill", "public.t2"): 2}
     assert "walflow_commit_to_ack_seconds_count" not in metrics  # reads have no commit to measure from
+
+
+@pytest.mark.slow
+def test_each_process_of_a_cluster_serves_its_own_figures(
+    tables: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    """Two processes, one config: each its own port (through the config's ``${…}``), its own
+    counts; together they add up to the workload."""
+    ports = [free_port(), free_port()]
+    sink = {"name": "everything", "partition_count": 4,
+            "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
+    config = write_config(tmp_path, tables, nats_srv, names, [sink],
+                          health={"enabled": True, "port": "${WALFLOW_HEALTH_PORT}"})
+    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    with ExitStack() as stack:
+        procs = [
+            stack.enter_context(pipeline(config, "-s", "1", "-i", str(i), "-a", addresses, log_suffix=f".{i}",
+                                         env={"WALFLOW_HEALTH_PORT": str(ports[i])}))
+            for i in (0, 1)
+        ]
+        wait_for(lambda: _slot_active(tables), timeout=60, what="the cluster to read its slot",
+                 check=lambda: assert_running(*procs))
+        with tables.connect() as conn:
+            for i in range(1, 41):
+                conn.execute("INSERT INTO t1 VALUES (%s, 'x')", [i])
+        end = tables.current_lsn()
+        wait_for(lambda: _confirmed(tables) >= end, timeout=60, what="the slot to pass the workload",
+                 check=lambda: assert_running(*procs))
+        scraped = [_scrape(port) for port in ports]
+    received = [sum(m.get("walflow_changes_received_total", {}).values()) for m in scraped]
+    published = [_by(m.get("walflow_changes_published_total", {}), "table", "action") for m in scraped]
+    assert sorted(received) == [0, 40]  # the slot is read by one process only
+    assert all(p for p in published)  # both publish their partitions' share
+    assert sum(p.get(("public.t1", "insert"), 0) for p in published) == 40
+    slot_gauges = [m.get("walflow_received_lsn", {}) for m in scraped]
+    assert sorted(len(g) for g in slot_gauges) == [0, 1]  # the slot's figures come from its reader's process
