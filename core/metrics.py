@@ -51,7 +51,7 @@ class CounterBatch(Generic[K]):
     """Counts for one labelled counter kept in plain ints, added to it by :meth:`flush`.
 
     The hot path does ``counts[key] += 1`` with whatever key it has at hand (a cached
-    subject, a ``(Table, action)`` pair): no label strings built per change. ``labels``
+    subject, a ``Table``, a ``(Table, action)`` pair): no label strings built per change. ``labels``
     turns a key into the counter's label values, once per key. One thread counts and
     flushes (the one that sees the changes); the counter itself is read at scrape time.
     """
