@@ -7,9 +7,13 @@ never see each other's data while sharing one PostgreSQL and one NATS per sessio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
+import signal
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from config.schema import DatabaseConfig
 from connectors.postgres.protocol import str_to_lsn
 from embedded import wait_for
+from embedded.postgres import find_bindir
 
 _counter = itertools.count(1)
 
@@ -214,6 +219,29 @@ def walsender(db: Database) -> tuple[int, str] | None:
             [db.names.slot],
         ).fetchone()
     return (int(str(row[0])), str(row[1])) if row else None
+
+
+@contextlib.contextmanager
+def hung_pg_recvlogical(db: Database, wal_sender_timeout: str) -> Iterator[int]:
+    """A ``pg_recvlogical`` holding the test's slot (which must exist), stopped with SIGSTOP:
+    a hung client, as in the first seed. Yields its walsender's PID; killed on exit.
+    ``wal_sender_timeout`` is its session's (``0``: the server never gives up on it)."""
+    dsn = f"{db.dsn} options='-c wal_sender_timeout={wal_sender_timeout}'"
+    holder = subprocess.Popen(
+        [str(find_bindir() / "pg_recvlogical"), "-d", dsn, "--slot", db.names.slot, "--start", "-f", "/dev/null",
+         "-o", "proto_version=1", "-o", f"publication_names={db.names.publication}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (w := walsender(db)) is not None and w[1] == "pg_recvlogical", timeout=30,
+                 what="pg_recvlogical to hold the slot")
+        holder.send_signal(signal.SIGSTOP)
+        held = walsender(db)
+        assert held is not None
+        yield held[0]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def delete_stream(url: str, stream: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pty
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,9 @@ import yaml
 from cli.status import STUCK_AFTER
 from embedded import PostgresServer, wait_for
 from embedded._process import free_port
-from embedded.postgres import find_bindir
 from tests.backfill.helpers import WALFLOW, walflow
 from tests.cli.helpers import add_stream, edit, health_on, run_both, status, stream_exists, verdict
-from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed, walsender
+from tests.harness import Database, Nats, TestNames, hung_pg_recvlogical, slot_active, slot_confirmed
 from tests.pipeline import assert_running, pipeline, write_config
 from tests.workload import Inserter, setup_events
 
@@ -124,24 +122,10 @@ def test_status_and_check_change_nothing(
 
 @contextlib.contextmanager
 def _hung_recvlogical(database: Database, names: TestNames) -> Iterator[int]:
-    """A ``pg_recvlogical`` that holds the test's slot and is stopped (SIGSTOP): its walsender's PID."""
+    """A stopped ``pg_recvlogical`` on the test's slot, which the server never times out: its walsender's PID."""
     _create_slot(database, names)
-    dsn = f"{database.dsn} options='-c wal_sender_timeout=0'"  # the server never gives up on it
-    holder = subprocess.Popen(
-        [str(find_bindir() / "pg_recvlogical"), "-d", dsn, "--slot", names.slot, "--start", "-f", "/dev/null",
-         "-o", "proto_version=1", "-o", f"publication_names={names.publication}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: (w := walsender(database)) is not None and w[1] == "pg_recvlogical", timeout=30,
-                 what="pg_recvlogical to hold the slot")
-        holder.send_signal(signal.SIGSTOP)
-        held = walsender(database)
-        assert held is not None
-        yield held[0]
-    finally:
-        holder.kill()
-        holder.wait()
+    with hung_pg_recvlogical(database, "0") as pid:
+        yield pid
 
 
 def test_a_slot_held_by_a_hung_pg_recvlogical(

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from embedded import PostgresServer, wait_for
-from embedded.postgres import find_bindir
-from tests.harness import Database, Nats, Postgres, TestNames, walsender
+from tests.harness import Database, Nats, Postgres, TestNames, hung_pg_recvlogical, walsender
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import assert_running, pipeline, stored
@@ -96,16 +94,7 @@ def test_a_hung_foreign_holder_is_waited_for_then_the_slot_taken(
     config = setup_events(database, names, nats_srv, tmp_path)
     with database.connect() as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [names.slot])
-    dsn = f"{database.dsn} options='-c wal_sender_timeout=5s'"
-    holder = subprocess.Popen(
-        [str(find_bindir() / "pg_recvlogical"), "-d", dsn, "--slot", names.slot, "--start", "-f", "/dev/null",
-         "-o", "proto_version=1", "-o", f"publication_names={names.publication}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: (w := walsender(database)) is not None and w[1] == "pg_recvlogical", timeout=30,
-                 what="pg_recvlogical to hold the slot")
-        holder.send_signal(signal.SIGSTOP)
+    with hung_pg_recvlogical(database, "5s"):
         stopped = time.monotonic()
         with pipeline(config, "-s", "1") as proc:
             wait_for(lambda: (w := walsender(database)) is not None and w[1].startswith("walflow"), timeout=60,
@@ -117,9 +106,6 @@ def test_a_hung_foreign_holder_is_waited_for_then_the_slot_taken(
                     conn.execute("INSERT INTO events VALUES (%s, 'x')", [i])
             end = database.current_lsn()
             wait_for(lambda: _confirmed(database) >= end, timeout=60, what="delivery", check=lambda: assert_running(proc))
-    finally:
-        holder.kill()
-        holder.wait()
     print(f"foreign holder: slot taken {took:.1f}s after the holder hung (its wal_sender_timeout: 5s)")
     assert "application_name 'pg_recvlogical'" in log and "waiting for it to be released" in log
     assert log.count("reconnecting in") <= 8  # backoff, not a storm
