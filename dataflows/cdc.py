@@ -28,6 +28,7 @@ from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
+from dataflows.epochs import apply_default_epoch
 from dataflows.health import serve as serve_health
 from dataflows.initial_backfill import InitialBackfills
 from dataflows.logs import configure_logging, held_until_configured
@@ -40,6 +41,7 @@ from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 
 log = logging.getLogger("walflow.sequin")
+log_flow = logging.getLogger("walflow.flow")
 
 
 def _step(name: str) -> str:
@@ -120,6 +122,8 @@ def _load() -> Dataflow:
         with held_until_configured():  # the config's own warnings come out in its log_format
             config = load_config(config_path())
             configure_logging(config.walflow.log_level, config.walflow.log_format)
+        if (epoch := apply_default_epoch()) is not None:
+            log_flow.info("epochs of %g s (bytewax.run was given no -s)", epoch.total_seconds())
         if config.walflow.health.enabled:
             serve_health(runtime, config.walflow.health.host, config.walflow.health.port)
         directory = recovery_dir(sys.argv[1:], os.environ)
