@@ -1,8 +1,10 @@
 """Samplers that run beside a consumer: its memory and CPU from ``/proc``, and its slot's lag.
 
 psutil is not a dependency, and ``/proc`` is all this needs: ``VmRSS`` for resident memory
-and ``utime``/``stime`` for CPU. A walflow run is one process or two (a cluster), each
-possibly with children, so every figure is summed over each process tree.
+and ``utime``/``stime`` for CPU. A walflow run is one process or several (a cluster), each
+possibly with children, so every figure is summed over each process tree. Per thread,
+``/proc/<pid>/task/<tid>/stat`` and ``comm`` (:func:`thread_cpu`): the names are Bytewax's
+own (``timely:work-0``) and, under the benchmark, walflow's (``bench/threadnames``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def _stat_ticks(stat: str, last: int) -> int:
+    """utime + stime (+ cutime + cstime when ``last`` is 15) of one ``stat`` line, in clock ticks."""
+    # the command name (field 2) may hold spaces: count fields after its closing ')'
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return sum(int(f) for f in fields[11:last])  # utime, stime, cutime, cstime (fields 14-17)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid``'s process tree so far: all threads, and children that
     have exited (Postgres backends come and go)."""
@@ -57,10 +66,54 @@ def cpu_seconds(pid: int) -> float:
             stat = Path(f"/proc/{member}/stat").read_text()
         except OSError:
             continue
-        # the command name (field 2) may hold spaces: count fields after its closing ')'
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14-17)
+        ticks += _stat_ticks(stat, 15)
     return ticks / _CLOCK_TICKS
+
+
+#: The name a process's main thread is reported under (with ``-w 1`` it runs the Bytewax worker).
+MAIN_THREAD = "main"
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of ``pid`` (not its children): tid → (name, user + system CPU seconds).
+    The main thread is :data:`MAIN_THREAD` whatever its ``comm``."""
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            tid = int(task.name)
+            name = (task / "comm").read_text().strip()
+            ticks = _stat_ticks((task / "stat").read_text(), 13)
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+        out[tid] = (MAIN_THREAD if tid == pid else name, ticks / _CLOCK_TICKS)
+    return out
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One walflow process's CPU at one moment: the process tree's and each thread's."""
+
+    pid: int
+    total: float
+    threads: dict[int, tuple[str, float]]
+
+    @classmethod
+    def take(cls, pid: int) -> ProcessCpu:
+        return cls(pid, cpu_seconds(pid), thread_cpu(pid))
+
+    def since(self, start: ProcessCpu | None) -> tuple[float, dict[str, tuple[int, float]]]:
+        """CPU seconds since ``start`` (None: since the process began): the process's, and per
+        thread name (threads of one name summed: name → (how many threads, seconds)). A thread
+        that began after ``start`` counts from zero; one that ended before now is only in the
+        process's figure (the kernel adds an ended thread's time to its process)."""
+        before = start.threads if start is not None else {}
+        named: dict[str, tuple[int, float]] = {}
+        for tid, (name, seconds) in self.threads.items():
+            earlier = before.get(tid)
+            spent = seconds - (earlier[1] if earlier is not None and earlier[0] == name else 0.0)
+            count, total = named.get(name, (0, 0.0))
+            named[name] = (count + 1, total + spent)
+        return self.total - (start.total if start is not None else 0.0), named
 
 
 @dataclass(frozen=True)

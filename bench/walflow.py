@@ -1,8 +1,13 @@
-"""Starting walflow as users do (``python -m bytewax.run dataflows.cdc -s 1``), in three deployments.
+"""Starting walflow as users do (``python -m bytewax.run dataflows.cdc -s 1``), in several deployments.
 
 Each run gets its own slot (made before the workload, so all runs read the same WAL), its
 own stream and its own subject prefix: streams may not share subjects, and a run must not
 find an earlier run's messages and take them for replays.
+
+Two things differ from a user's start, both for measuring only: ``bench/threadnames`` is put
+first on ``PYTHONPATH`` (walflow's threads get their names as OS thread names, so CPU can
+be read per thread), and each process serves ``/metrics`` on a port of its own (read once,
+after the run: how many changes each process published).
 """
 
 from __future__ import annotations
@@ -10,32 +15,40 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import urllib.request
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedded._process import Account, ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE_NAME = "bench"  # the database's name in walflow's config: the second subject token
+#: First on walflow's PYTHONPATH: its sitecustomize names walflow's threads for /proc.
+THREAD_NAMES = Path(__file__).resolve().parent / "threadnames"
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """How walflow is started: ``key`` names it in results, ``processes`` how many there are."""
+    """How walflow is started: ``key`` names it in results, ``processes`` how many there are,
+    ``epochs`` whether ``-s 1`` is given (``./run.sh run`` adds it; without it Bytewax's own
+    default applies, as with the bare ``python -m bytewax.run dataflows.cdc``)."""
 
     key: str
     label: str
     processes: int
     workers: int
+    epochs: bool = True
 
     def argv(self) -> list[list[str]]:
-        """Bytewax arguments, one list per process (epochs of 1 s, walflow's default)."""
-        base = ["-s", "1"]
+        """Bytewax arguments, one list per process (epochs of 1 s, walflow's default, unless not ``epochs``)."""
+        base = ["-s", "1"] if self.epochs else []
         if self.processes == 1:
             return [base + (["-w", str(self.workers)] if self.workers > 1 else [])]
         addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(self.processes))
@@ -46,8 +59,10 @@ DEPLOYMENTS = {
     d.key: d
     for d in (
         Deployment("w1", "1 worker", 1, 1),
+        Deployment("noflags", "no flags", 1, 1, epochs=False),
         Deployment("w2", "-w 2", 1, 2),
         Deployment("p2", "2 processes", 2, 1),
+        Deployment("p3", "3 processes", 3, 1),
     )
 }
 
@@ -66,41 +81,76 @@ class Target:
     subject_prefix: str
 
 
-def write_config(path: Path, target: Target, *, initial_backfill: bool = False) -> Path:
-    """A walflow config in Sequin's format (``config/walflow.yaml``'s shape) for ``target``.
-    The slot and publication exist already; logs are quiet and the health server off, so
-    runs do not compete for its port. ``initial_backfill``: the sink asks, when it starts,
-    for every table it reads to be backfilled (``walflow.backfill``'s settings as shipped)."""
+#: The environment variable each process's health port comes from (``${…}`` in the config).
+HEALTH_PORT_VARIABLE = "WALFLOW_HEALTH_PORT"
+
+
+def write_config(
+    path: Path, target: Target | Sequence[Target], *, initial_backfill: bool = False,
+    names: Sequence[str] = (DATABASE_NAME,),
+) -> Path:
+    """A walflow config in Sequin's format (``config/walflow.yaml``'s shape): for each
+    target a database (named by ``names``, in order) and a sink of its own, ``bench`` for a
+    single target, else the database's name. The slots and publications exist already; logs
+    are quiet; each process serves /metrics on the port ``WALFLOW_HEALTH_PORT`` gives it.
+    ``initial_backfill``: the sinks ask, when they start, for every table they read to be
+    backfilled (``walflow.backfill``'s settings as shipped)."""
+    targets = [target] if isinstance(target, Target) else list(target)
+    if len(names) != len(targets):
+        raise ValueError(f"{len(targets)} target(s), {len(names)} database name(s)")
     config = {
         "databases": [
             {
-                "name": DATABASE_NAME,
+                "name": name,
                 "hostname": "127.0.0.1",
-                "port": target.pg_port,
-                "database": target.database,
+                "port": t.pg_port,
+                "database": t.database,
                 "username": "postgres",
-                "slot": {"name": target.slot, "create_if_not_exists": False},
-                "publication": {"name": target.publication, "create_if_not_exists": False},
+                "slot": {"name": t.slot, "create_if_not_exists": False},
+                "publication": {"name": t.publication, "create_if_not_exists": False},
             }
+            for name, t in zip(names, targets, strict=True)
         ],
         "sinks": [
             {
-                "name": "bench",
-                "database": DATABASE_NAME,
+                "name": "bench" if len(targets) == 1 else name,
+                "database": name,
                 "initial_backfill": initial_backfill,
                 "destination": {
                     "type": "nats",
-                    "host": target.nats_host,
-                    "port": target.nats_port,
-                    "subject_prefix": target.subject_prefix,
-                    "stream": {"name": target.stream, "create_if_not_exists": True},
+                    "host": t.nats_host,
+                    "port": t.nats_port,
+                    "subject_prefix": t.subject_prefix,
+                    "stream": {"name": t.stream, "create_if_not_exists": True},
                 },
             }
+            for name, t in zip(names, targets, strict=True)
         ],
-        "walflow": {"log_level": "warning", "health": {"enabled": False}},
+        "walflow": {"log_level": "warning",
+                    "health": {"enabled": True, "port": f"${{{HEALTH_PORT_VARIABLE}}}"}},
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """One process's /metrics: sample name → {sorted labels: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def counts(metrics: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, label: str) -> dict[str, int]:
+    """A counter's samples summed by one label's value (``walflow_changes_published_total`` by sink)."""
+    out: dict[str, int] = {}
+    for labels, value in metrics.get(name, {}).items():
+        key = dict(labels).get(label, "")
+        out[key] = out.get(key, 0) + int(value)
+    return out
 
 
 class Walflow:
@@ -110,11 +160,18 @@ class Walflow:
         self.config = config
         self.deployment = deployment
         self.procs: list[ServerProcess] = []
+        self.health_ports: list[int] = []
         self._stack = ExitStack()
 
     def __enter__(self) -> Self:
-        env = {**os.environ, "WALFLOW_CONFIG": str(self.config)}
+        path = os.pathsep.join(p for p in (str(THREAD_NAMES), os.environ.get("PYTHONPATH")) if p)
         for i, args in enumerate(self.deployment.argv()):
+            self.health_ports.append(free_port())
+            env = {**os.environ, "WALFLOW_CONFIG": str(self.config), "PYTHONPATH": path,
+                   HEALTH_PORT_VARIABLE: str(self.health_ports[-1])}
+            env.pop("WALFLOW_DATABASE", None)  # every database of the config, as the config says
+            for name in [k for k in env if k.startswith("BYTEWAX_")]:
+                del env[name]  # the deployment's arguments alone say how Bytewax runs
             proc = ServerProcess(
                 [sys.executable, "-m", "bytewax.run", "dataflows.cdc", *args],
                 log_path=self.config.with_suffix(f".{i}.log"),
@@ -135,6 +192,16 @@ class Walflow:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
+
+    def metrics(self) -> list[dict[str, Any] | None]:
+        """Each process's /metrics (None where it does not answer: a port taken, say)."""
+        out: list[dict[str, Any] | None] = []
+        for port in self.health_ports:
+            try:
+                out.append(scrape(port))
+            except OSError:
+                out.append(None)
+        return out
 
     def check(self) -> None:
         """Raise with the log's tail if any process has exited: a run must not wait out its deadline."""
