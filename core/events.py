@@ -18,6 +18,7 @@ collector's lists when they hold no containers. Markers are pickle-stable single
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -69,6 +70,15 @@ class Position(NamedTuple):
     idx: int
 
 
+#: What a source needs to rebuild a table's loaders in another process: plain data, its own
+#: format (for Postgres, ``connectors.postgres.types.TypeSpecs``).
+TypeSpecs = Any
+
+
+def _new_uid() -> int:
+    return secrets.randbits(63)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Table:
     """One version of a table's shape, as the source described it when its changes began.
@@ -76,6 +86,13 @@ class Table:
     Changes refer to it rather than copying it, and a new version (after DDL) is a new
     object, so every change is read with the columns it was written with. Compared by
     identity: steps cache what they derive from a table per version.
+
+    **Across processes** a table travels once per sink partition and version, before the
+    first change that uses it (``transforms/dispatch.py``); changes then name it by
+    :attr:`uid`. Its loaders are functions and do not pickle: a table pickles as its plain
+    fields plus ``types``, and the receiving process rebuilds the loaders with ``rebuild``
+    (a module-level function of the source, pickled by name) — the same loaders, without
+    a connection to the database.
     """
 
     schema: str
@@ -88,6 +105,16 @@ class Table:
     identity_columns: tuple[str, ...]
     #: Per column, the loader that converts its text (:mod:`transforms.convert`).
     loaders: tuple[Loader, ...] = field(repr=False)
+    #: The configured name of the database it belongs to (a flow may read several).
+    database: str = ""
+    #: The source's id of the relation (Postgres's OID): one per table, whatever its versions.
+    relid: int = 0
+    #: How ``loaders`` are rebuilt in another process, from ``types`` (None: they cannot be).
+    rebuild: Callable[[TypeSpecs], tuple[Loader, ...]] | None = field(default=None, repr=False)
+    types: TypeSpecs = field(default=None, repr=False)
+    #: Names this version in the items that cross to a sink partition (random: unique
+    #: across the processes of a cluster and the sessions of a run).
+    uid: int = field(default_factory=_new_uid, repr=False)
     #: ``schema.table``, as the config writes tables.
     qualified: str = field(init=False, repr=False)
     #: Column name → position in a raw row.
@@ -100,6 +127,20 @@ class Table:
         positions = {name: i for i, name in enumerate(self.columns)}
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "key_positions", tuple(sorted(positions[name] for name in self.key_columns)))
+
+    def __reduce__(self) -> tuple[Callable[..., Table], tuple[Any, ...]]:
+        if self.rebuild is None:
+            raise TypeError(f"table {self.qualified} was described without a way to rebuild its loaders elsewhere")
+        return _rebuilt, (self.schema, self.name, self.columns, self.key_columns, self.identity_columns,
+                          self.database, self.relid, self.rebuild, self.types, self.uid)
+
+
+def _rebuilt(schema: str, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...],
+             identity_columns: tuple[str, ...], database: str, relid: int,
+             rebuild: Callable[[TypeSpecs], tuple[Loader, ...]], types: TypeSpecs, uid: int) -> Table:
+    """A :class:`Table` unpickled in another process, its loaders rebuilt there."""
+    return Table(schema, name, columns, key_columns, identity_columns, rebuild(types), database, relid, rebuild,
+                 types, uid)
 
 
 class ReadOf(NamedTuple):

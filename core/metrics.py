@@ -255,6 +255,7 @@ class Metrics:
         for bound in BOUNDS:  # each bound's series from the start, at 0
             self.backpressure.labels(bound)
         self._window_sums: dict[str, tuple[_Sum, _Sum]] = {}
+        self._bound_sums: dict[str, tuple[_Sum, _Sum]] = {}
 
         # -- backfills --------------------------------------------------------------------
         self.backfill_rows = Counter(
@@ -273,19 +274,24 @@ class Metrics:
     # -- what several parts update at once ----------------------------------------------------
 
     def track_bound(self, bound: str, size: Callable[[], float], limit: float) -> None:
-        """``bound``'s in-flight bytes, read at scrape time from ``size``, against ``limit``."""
-        self.inflight.labels(bound).set_function(size)
-        self.inflight_limit.labels(bound).set(limit)
+        """One more holder of ``bound`` in this process (a slot's reader, a source partition):
+        its in-flight bytes, read at scrape time from ``size``, and its limit; the gauges show the sums."""
+        self._add_part(self._bound_sums, bound, self.inflight, self.inflight_limit, size, limit)
 
     def track_window(self, sink: str, size: Callable[[], float], limit: int) -> None:
         """One more partition of ``sink`` in this process: its unacknowledged messages, its window."""
-        sums = self._window_sums.get(sink)
-        if sums is None:
-            sums = self._window_sums[sink] = (_Sum(), _Sum())
-            self.sink_window.labels(sink).set_function(sums[0])
-            self.sink_window_limit.labels(sink).set_function(sums[1])
-        sums[0].parts.append(size)
-        sums[1].parts.append(lambda: limit)
+        self._add_part(self._window_sums, sink, self.sink_window, self.sink_window_limit, size, limit)
+
+    @staticmethod
+    def _add_part(sums: dict[str, tuple[_Sum, _Sum]], label: str, gauge: Gauge, limit_gauge: Gauge,
+                  size: Callable[[], float], limit: float) -> None:
+        pair = sums.get(label)
+        if pair is None:
+            pair = sums[label] = (_Sum(), _Sum())
+            gauge.labels(label).set_function(pair[0])
+            limit_gauge.labels(label).set_function(pair[1])
+        pair[0].parts.append(size)
+        pair[1].parts.append(lambda: limit)
 
     def slot_sampled(self, slot: str, current: int, confirmed: int, wal_status: str | None,
                      safe_wal_size: int | None) -> None:

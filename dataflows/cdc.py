@@ -1,9 +1,10 @@
 """The CDC dataflow: ``WALFLOW_CONFIG=config/walflow.yaml python -m bytewax.run dataflows.cdc``.
 
-It only wires steps. For the configured database, one Postgres source; for each active
-sink of that database: filter → group key (both on column texts) → convert (texts to
-values) and envelope (Sequin's JSON and the message id), one step → JetStream (which
-addresses it).
+It only wires steps. One Postgres source with a partition per database the config's active
+sinks read (``WALFLOW_DATABASE`` narrows it to one); for each active sink: dispatch (on the
+slot's worker: filter, group key, the compact item for the sink partition,
+``transforms/dispatch.py``) → JetStream, whose partitions convert, envelope
+(``transforms/render.py``) and publish, on whichever worker owns them.
 Each sink filters on its own; a disabled sink is not built at all. The flow's parts share
 one :class:`core.runtime.Runtime`.
 
@@ -12,6 +13,7 @@ Step ids derive from sink names: with recovery (``-r``) a renamed sink starts af
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -25,7 +27,7 @@ from config import Config, ConfigError, config_path, load_config
 from config.schema import DatabaseConfig
 from connectors.nats.sink import JetStreamSink
 from connectors.postgres.slot import confirmed_lsn
-from connectors.postgres.source import PostgresSource
+from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
 from dataflows.epochs import apply_default_epoch
@@ -34,11 +36,9 @@ from dataflows.initial_backfill import InitialBackfills
 from dataflows.logs import configure_logging, held_until_configured
 from dataflows.recovery import prepare as prepare_recovery
 from dataflows.recovery import recovery_dir
-from transforms.convert import converting
 from transforms.differences import differences
-from transforms.envelope import Envelope
-from transforms.filter import SinkFilter
-from transforms.group import GroupKey
+from transforms.dispatch import Dispatch
+from transforms.render import Render
 
 log = logging.getLogger("walflow.sequin")
 log_flow = logging.getLogger("walflow.flow")
@@ -48,55 +48,58 @@ def _step(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def database_for(config: Config) -> DatabaseConfig:
-    """The one database this flow reads: the only one, or the one ``WALFLOW_DATABASE`` names."""
+def databases_for(config: Config) -> list[DatabaseConfig]:
+    """The databases this flow reads: every one an active sink reads (in config order), or
+    only the one ``WALFLOW_DATABASE`` names (to run a database in a deployment of its own)."""
     wanted = os.environ.get("WALFLOW_DATABASE")
     if wanted:
         for db in config.databases:
             if db.name == wanted:
-                return db
+                return [db]
         raise ConfigError("WALFLOW_DATABASE", [f"no database named '{wanted}' in the config"])
     used = {s.database for s in config.sinks if s.enabled}
-    if len(used) > 1:
-        raise ConfigError(
-            "WALFLOW_DATABASE",
-            [
-                (f"active sinks read {len(used)} databases ({', '.join(sorted(used))}); one flow reads one: "
-                "set WALFLOW_DATABASE to the one this process should read")
-            ],
-        )
-    name = used.pop() if used else config.databases[0].name
-    return config.database(name)
+    read = [db for db in config.databases if db.name in used] or config.databases[:1]
+    by_slot: dict[str, str] = {}
+    for db in read:
+        other = by_slot.setdefault(db.slot.name, db.name)
+        if other != db.name:
+            raise ConfigError(
+                "databases",
+                [(f"databases '{other}' and '{db.name}' both name their slot '{db.slot.name}', and one flow reads "
+                 "both: a flow keys each slot's position by its name. Give each slot its own name, or run each "
+                 "database in a flow of its own (WALFLOW_DATABASE=<name>)")],
+            )
+    return read
 
 
 def build(config: Config, runtime: Runtime) -> Dataflow:
     """The flow for ``config``; its parts share ``runtime``."""
-    db = database_for(config)
-    sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
-    if not sinks:
-        raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
-    for sink in sinks:
-        for line in differences(sink, db):
-            log.info(line)
-    replay_from = confirmed_lsn(db)
-    publishers = {
-        sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks)
-        for sink in sinks
-    }
-    replay_horizon = max(publish.prepare() for publish in publishers.values())
+    slots: list[Slot] = []
+    publishers: dict[str, JetStreamSink] = {}
+    for db in databases_for(config):
+        sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
+        if not sinks:
+            raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
+        for sink in sinks:
+            for line in differences(sink, db):
+                log.info(line)
+        replay_from = confirmed_lsn(db)
+        mine = {
+            sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks,
+                                     render=functools.partial(Render, sink, db))
+            for sink in sinks
+        }
+        replay_horizon = max(publish.prepare() for publish in mine.values())
+        slots.append(Slot(db, frozenset(mine), InitialBackfills(db, sinks, mine), replay_horizon))
+        publishers.update(mine)
     flow = Dataflow("walflow")
-    source = PostgresSource(
-        db, config.walflow.replication, runtime, sinks=frozenset(publishers), backfill=config.walflow.backfill,
-        on_start=InitialBackfills(db, sinks, publishers),
-        epoch_budget_mb=config.walflow.max_memory_mb, confirm_after=replay_horizon,
-    )
+    source = PostgresSource(slots, config.walflow.replication, runtime, backfill=config.walflow.backfill,
+                            epoch_budget_mb=config.walflow.max_memory_mb)
     changes = op.input("postgres", flow, source)
-    for sink in sinks:
-        step = _step(sink.name)
-        selected = op.flat_map_batch(f"{step}_filter", changes, SinkFilter(sink, runtime.metrics).select)
-        keyed = op.key_on(f"{step}_group", selected, GroupKey(sink))
-        messages = op.map_value(f"{step}_envelope", keyed, converting(Envelope(sink, db)))
-        op.output(f"{step}_publish", messages, publishers[sink.name])
+    for name, publish in publishers.items():
+        step = _step(name)
+        routed = op.flat_map_batch(f"{step}_dispatch", changes, Dispatch(publish.sink, runtime.metrics).route)
+        op.output(f"{step}_publish", routed, publish)
     return flow
 
 

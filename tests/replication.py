@@ -20,7 +20,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, run_main
 
 from config.schema import DatabaseConfig, ReplicationSettings
-from connectors.postgres.source import PostgresSource, SlotPartition, SourceState
+from connectors.postgres.source import PostgresSource, Slot, SlotPartition, SourceState
 from core.events import Change
 from core.runtime import Runtime
 from transforms.convert import convert
@@ -31,7 +31,7 @@ def partition(
     db: DatabaseConfig, settings: ReplicationSettings | None = None, resume: SourceState | None = None
 ) -> Iterator[SlotPartition]:
     """A source partition built and closed as Bytewax does, for tests that drive it by hand."""
-    part = PostgresSource(db, settings or ReplicationSettings(), Runtime()).build_part("pg", db.slot.name, resume)
+    part = PostgresSource([Slot(db)], settings or ReplicationSettings(), Runtime()).build_part("pg", db.slot.name, resume)
     try:
         yield part
     finally:
@@ -71,7 +71,7 @@ def run_flow(
     """Run a dataflow source → list until everything committed before ``stop_at_lsn`` came out."""
     out: list[Change] = []
     flow = Dataflow("test_pg_source")
-    changes = op.input("pg", flow, PostgresSource(db, settings or ReplicationSettings(), Runtime(), stop_at_lsn=stop_at_lsn))
+    changes = op.input("pg", flow, PostgresSource([Slot(db, stop_at_lsn=stop_at_lsn)], settings or ReplicationSettings(), Runtime()))
     op.output("out", op.map("convert", changes, convert), TestingSink(out))
     config = None
     if recovery is not None:

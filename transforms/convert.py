@@ -19,14 +19,11 @@ to holds a loader per column.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final
 
 import psycopg
 
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, RawChange, RawRow, Row, Table
-
-T = TypeVar("T")
 
 #: What a loader raises for a value Python cannot hold; the value then falls back to its text.
 _UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
@@ -82,18 +79,3 @@ def convert(change: RawChange) -> Change:
     return Change(change.action, table.schema, table.name, table.key_columns, new, old,
                   change.commit_lsn, change.commit_idx, change.commit_ts, change.xid, change.read,
                   change.annotations, pks)
-
-
-def converting(step: Callable[[Change], T]) -> Callable[[RawChange], T]:
-    """``step`` (the envelope) fed with converted changes: both in one Bytewax step.
-
-    Each step boundary costs latency under load (a separate convert step put the median
-    latency at 5k changes/s up several times in ``./run.sh bench``), and both belong
-    together wherever they run: after the group key, and later past the exchange.
-    """
-
-    def converted(change: RawChange) -> T:
-        return step(convert(change))
-
-    return converted
-

@@ -19,7 +19,9 @@ this sink would otherwise receive is logged once per process as a WARNING.
 
 The flow runs it a batch at a time (:meth:`SinkFilter.select`): what it drops from the slot
 is counted per table and action in plain ints and added to
-``walflow_changes_filtered_total`` once per batch.
+``walflow_changes_filtered_total`` once per batch. A flow that reads several databases has
+one stream of changes: a batch's changes of another database than the sink's are passed
+over, and not counted (they were never this sink's).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class SinkFilter:
     def __init__(self, sink: SinkConfig, metrics: Metrics | None = None) -> None:
         """``metrics``: the process's, which count what the sink drops (else its own)."""
         self._sink = sink.name
+        self._database = sink.database
         self._actions = frozenset(sink.actions)
         source = sink.source
         self._include_schemas = _as_set(source.include_schemas)
@@ -66,7 +69,10 @@ class SinkFilter:
         """The changes of a batch this sink publishes, in order (the flow's ``filter`` step)."""
         kept: list[RawChange] = []
         dropped = self._dropped.counts
+        database = self._database
         for change in changes:
+            if change.table.database != database:
+                continue
             if self(change):
                 kept.append(change)
             elif change.read is None:  # another sink's backfill read is not this sink's to count

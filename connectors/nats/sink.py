@@ -27,8 +27,8 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Sequence
-from typing import Final, TypedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypedDict
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from nats.js.api import KeyValueConfig
@@ -66,15 +66,21 @@ class SinkState(TypedDict):
     last_seq: int
 
 
-class JetStreamPartition(StatefulSinkPartition[Message, SinkState]):
-    def __init__(self, publisher: AckPublisher, label: str, runtime: Runtime) -> None:
+#: Turns what a partition receives into the messages it publishes (``transforms/render.py``).
+Render = Callable[[list[Any]], list[Message]]
+
+
+class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
+    def __init__(self, publisher: AckPublisher, label: str, runtime: Runtime, render: Render | None) -> None:
         self._publisher = publisher
         self._label = label
         self._runtime = runtime
+        self._render = render
 
-    def write_batch(self, items: list[Message]) -> None:
+    def write_batch(self, items: list[Any]) -> None:
         with self._runtime.guard(f"{self._label}: publishing"):
-            self._runtime.run(self._publisher.publish(items))
+            messages = items if self._render is None else self._render(items)
+            self._runtime.run(self._publisher.publish(messages))
 
     def snapshot(self) -> SinkState:
         with self._runtime.guard(f"{self._label}: publishing"):
@@ -86,8 +92,14 @@ class JetStreamPartition(StatefulSinkPartition[Message, SinkState]):
             self._runtime.run(self._publisher.close())
 
 
-class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
-    """Publishes ``(group key, Message)`` items of one configured sink."""
+class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
+    """Publishes the items of one configured sink, keyed by partition index.
+
+    An item's key is the index of its partition (``transforms/dispatch.py`` picks it from
+    the group key): :meth:`part_fn` reads it back. Each partition turns its items into
+    messages with its own ``render()`` (the flow's: conversion and envelope), or publishes
+    them as they are, :class:`~core.events.Message` s, without one.
+    """
 
     def __init__(
         self,
@@ -97,12 +109,15 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
         runtime: Runtime,
         slot: str = "",
         peers: Sequence[SinkConfig] = (),
+        render: Callable[[], Render] | None = None,
     ) -> None:
         """``database``: the configured name of the database the changes come from;
         ``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
         ``runtime``: the process's, whose loop the NATS connection lives on;
         ``peers``: the config's sinks, of every database (this one may be among them),
-        which a sink with ``msg_id: sequin`` must not share its stream with."""
+        which a sink with ``msg_id: sequin`` must not share its stream with;
+        ``render``: makes each partition's item → message step (it holds per-partition state)."""
+        self.render = render
         self.sink = sink
         self.database = database
         self.slot = slot
@@ -231,6 +246,9 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
         keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]
 
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key)  # the partition's index, chosen by the dispatch step
+
     def build_part(self, step_id: str, for_part: str, resume_state: SinkState | None) -> JetStreamPartition:
         keep_thread_state()
         with self.runtime.guard(f"{for_part}: setting up"):
@@ -253,4 +271,4 @@ class JetStreamSink(FixedPartitionedSink[Message, SinkState]):
             self.runtime.run(publisher.start())
             if resume_state:
                 publisher.last_seq = resume_state["last_seq"]
-            return JetStreamPartition(publisher, for_part, self.runtime)
+            return JetStreamPartition(publisher, for_part, self.runtime, None if self.render is None else self.render())

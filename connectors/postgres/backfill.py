@@ -257,7 +257,8 @@ class BackfillRunner:
             try:
                 with self._connect("backfill") as conn:
                     try:
-                        reader = TableReader(conn, self.db.publication.name, request, self.settings, job.limit)
+                        reader = TableReader(conn, self.db.publication.name, request, self.settings, job.limit,
+                                             database=self.db.name)
                     except BackfillRefused as exc:
                         self._end(conn, job, str(exc))
                         return

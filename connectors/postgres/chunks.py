@@ -154,9 +154,11 @@ class TableReader:
         request: BackfillRequest,
         settings: BackfillSettings,
         limit: int | None = None,
+        database: str = "",
     ) -> None:
         """``limit``: the chunk size an earlier connection reached (else one sized from the
-        table's average row on disk, within ``initial_chunk_rows`` and ``max_chunk_mb``)."""
+        table's average row on disk, within ``initial_chunk_rows`` and ``max_chunk_mb``);
+        ``database``: the configured name of the database (its reads' tables carry it)."""
         self._conn = conn
         self.request = request
         self._settings = settings
@@ -188,7 +190,7 @@ class TableReader:
         flagged = self._identity(relid, identity, [c[0] for c in columns])
         relation = Relation(relid, schema, name, identity,
                             tuple(Column(n, oid, mod, n in flagged) for n, oid, mod, _ in columns))
-        self.table: Table = Catalog(conn).describe(relation)
+        self.table: Table = Catalog(conn, database=database).describe(relation)
         self.estimate = int(estimate)
         positions = self.table.positions
         #: The columns that identify a row to the stream (the group key's: the replica

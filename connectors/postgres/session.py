@@ -109,8 +109,9 @@ class Session:
         control = self.control
         with psycopg.connect(conninfo(self.db, application_name=self.application_name), autocommit=True) as meta:
             control.slot_state = state = prepare(meta, self.db)
-            decoder = self.decoder = Decoder(Catalog(meta, control.table_keys), self.resume, control.on_message,
-                                                  staged_prefixes=frozenset({signals.PREFIX}))
+            catalog = Catalog(meta, control.table_keys, self.db.name)
+            decoder = self.decoder = Decoder(catalog, self.resume, control.on_message,
+                                             staged_prefixes=frozenset({signals.PREFIX}))
             stream = ReplicationStream(
                 conninfo(
                     self.db,

@@ -1,4 +1,4 @@
-"""The Bytewax source: one partition per replication slot, keyed by the slot's name.
+"""The Bytewax source: one partition per replication slot (a database of the config), keyed by the slot's name.
 
 The partition drains the reader's buffer in ``next_batch`` and never blocks. Its
 snapshot is plain data — the LSN up to which everything was emitted, and how far into an
@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict, get_args
 
@@ -221,59 +222,69 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             self._settled = not self._dirty
 
 
-class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
-    """Committed row changes from one database's replication slot, in commit order, values as texts.
+@dataclass(frozen=True)
+class Slot:
+    """One database's slot, read by one partition of the source.
 
-    ``stop_at_lsn`` ends the stream once everything committed before that LSN was emitted
-    (for bounded runs and tests); without it the source runs until the flow is stopped.
+    ``sinks``: the sinks a backfill of this database may be for; ``on_start``: called once
+    where the slot is read, before reading starts (the initial backfill requests);
+    ``confirm_after``: confirm no position up to this LSN (its sinks' replay horizon);
+    ``stop_at_lsn``: end the partition once everything committed before that LSN was
+    emitted (bounded runs and tests); without it the partition runs until the flow stops.
+    """
+
+    db: DatabaseConfig
+    sinks: frozenset[str] = frozenset()
+    on_start: Callable[[], None] | None = None
+    confirm_after: int = 0
+    stop_at_lsn: int | None = None
+
+
+class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
+    """Committed row changes from databases' replication slots, each in commit order, values as texts.
+
+    One partition per :class:`Slot`, keyed by the slot's name (so a recovery directory
+    resumes each slot where its partition stopped): Bytewax spreads the partitions over the
+    workers of a cluster. The epoch budget is the flow's, shared evenly by the partitions.
     """
 
     def __init__(
         self,
-        db: DatabaseConfig,
+        slots: Sequence[Slot],
         settings: ReplicationSettings,
         runtime: Runtime,
         *,
-        sinks: frozenset[str] = frozenset(),
         backfill: BackfillSettings | None = None,
-        on_start: Callable[[], None] | None = None,
         epoch_budget_mb: int = 128,
-        stop_at_lsn: int | None = None,
-        confirm_after: int = 0,
     ) -> None:
-        """``sinks``: the sinks a backfill may be for; ``on_start``: called once where the
-        slot is read, before reading starts (the initial backfill requests);
-        ``confirm_after``: confirm no position up to this LSN (the sinks' replay horizon)."""
-        self.db = db
-        self.sinks = sinks
+        names = [slot.db.slot.name for slot in slots]
+        if not slots or len(set(names)) != len(names):
+            raise ValueError(f"the slots a source reads must be some and distinct: {names}")
+        self.slots = {slot.db.slot.name: slot for slot in slots}
         self.backfill = backfill or BackfillSettings()
-        self.on_start = on_start
         self.settings = settings
         self.runtime = runtime
-        self.confirm_after = confirm_after
-        self.epoch_budget = epoch_budget_mb * 1024 * 1024
-        self.stop_at_lsn = stop_at_lsn
+        self.epoch_budget = epoch_budget_mb * 1024 * 1024 // len(slots)
 
     def list_parts(self) -> list[str]:
         keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
-        return [self.db.slot.name]
+        return list(self.slots)
 
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
         keep_thread_state()
-        if self.on_start is not None:
-            with self.runtime.guard(f"slot {self.db.slot.name}: requesting initial backfills"):
-                self.on_start()
+        slot = self.slots[for_part]
+        db = slot.db
+        if slot.on_start is not None:
+            with self.runtime.guard(f"slot {db.slot.name}: requesting initial backfills"):
+                slot.on_start()
         state = resume_state or {}
         resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
         metrics = self.runtime.metrics
-        reader = SlotReader(self.db, self.settings, resume, metrics=metrics)
-        runner = BackfillRunner(self.db, self.backfill)
+        reader = SlotReader(db, self.settings, resume, metrics=metrics)
+        runner = BackfillRunner(db, self.backfill)
         reader.backfill_progress = runner.progress
-        backfills = Backfills(self.db.slot.name, self.sinks, runner, state.get("backfills"), resume.lsn,
-                              metrics=metrics)
+        backfills = Backfills(db.slot.name, slot.sinks, runner, state.get("backfills"), resume.lsn, metrics=metrics)
         reader.start()
         self.runtime.register(reader)
         return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,
-                             self.stop_at_lsn, self.confirm_after)
-
-
+                             slot.stop_at_lsn, slot.confirm_after)

@@ -62,19 +62,21 @@ concern: :mod:`transforms.convert` falls back to their text.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 import psycopg
 from psycopg import pq
-from psycopg.abc import Buffer
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.abc import Transformer as TransformerLike
+from psycopg.adapt import AdaptersMap, Transformer
 from psycopg.adapt import Loader as PsycopgLoader
-from psycopg.adapt import Transformer
 from psycopg.types import TypeInfo
 from psycopg.types.array import register_array
 from psycopg.types.json import set_json_loads
@@ -201,13 +203,74 @@ def _element_wise(whole: Loader, split: Loader, element: Loader) -> Loader:
     return load
 
 
-def _register_loaders(conn: psycopg.Connection[Any]) -> None:
-    """The loaders walflow wants instead of psycopg's defaults, on ``conn`` only. Arrays of
-    these types (psycopg knows their OIDs) pick up the element loaders from the same map."""
-    set_json_loads(json_loads, conn)
-    conn.adapters.register_loader(_INTERVAL_OID, IntervalLoader)
+def _register_loaders(context: AdaptContext) -> None:
+    """The loaders walflow wants instead of psycopg's defaults, on ``context`` only (a
+    connection, or a process's own map in :func:`loaders_for`). Arrays of these types
+    (psycopg knows their OIDs) pick up the element loaders from the same map."""
+    set_json_loads(json_loads, context)
+    context.adapters.register_loader(_INTERVAL_OID, IntervalLoader)
     for oid in _TEXT_OIDS:
-        conn.adapters.register_loader(oid, TextLoader)
+        context.adapters.register_loader(oid, TextLoader)
+
+
+class Registration(NamedTuple):
+    """A loader the catalog registered for a custom type OID, as plain data, to repeat in
+    another process: an array over its element's effective type (``element``, ``delimiter``)
+    or pgvector's ``vector``."""
+
+    kind: str  # "array" | "vector"
+    oid: int
+    name: str
+    element: int = 0
+    delimiter: str = ","
+
+    def apply(self, context: AdaptContext) -> None:
+        if self.kind == "array":
+            register_array(TypeInfo(self.name, self.element, self.oid, delimiter=self.delimiter), context)
+        else:
+            context.adapters.register_loader(self.oid, PgvectorLoader)
+
+
+class TypeSpecs(NamedTuple):
+    """What a table's loaders are made of (:attr:`core.events.Table.types`): each column's
+    effective type OID, and the registrations those need. Plain data: it pickles, and
+    :func:`loaders_for` makes the same loaders from it in any process, without a connection."""
+
+    effective: tuple[int, ...]
+    registrations: tuple[Registration, ...]
+
+
+def _loader(tx: TransformerLike, effective: int, effective_of: Callable[[int], int]) -> Loader:
+    """The loader for values of the effective type OID ``effective`` (an array's elements
+    through ``effective_of``)."""
+    if effective in _JSON_OIDS:
+        return json_loads  # what psycopg's text json loader does with the bytes it gets, one call shorter
+    found = tx.get_loader(effective, pq.Format.TEXT)
+    load: Loader = found.load
+    element = getattr(type(found), "base_oid", None)
+    if element is None or getattr(found, "delimiter", b",") != b",":
+        return load
+    split: Loader = tx.get_loader(_TEXT_ARRAY_OID, pq.Format.TEXT).load
+    element_oid = effective_of(element)
+    return _element_wise(load, split, _loader(tx, element_oid, effective_of))
+
+
+@functools.lru_cache(maxsize=256)
+def loaders_for(types: TypeSpecs) -> tuple[Loader, ...]:
+    """A table's loaders in a process other than its reader's (a sink partition past the
+    exchange): the catalog's own registrations repeated on a map of this process's, so
+    every value converts as the reader's process would have converted it. Cached per
+    distinct table shape: every partition receives each table version."""
+    adapters = AdaptersMap(psycopg.adapters)
+    _register_loaders(adapters)
+    for registration in types.registrations:
+        registration.apply(adapters)
+    tx = Transformer(adapters)
+    return tuple(_loader(tx, oid, _same) for oid in types.effective)
+
+
+def _same(oid: int) -> int:
+    return oid  # TypeSpecs hold effective OIDs already
 
 
 def _commit_time(raw: bytes) -> datetime:
@@ -225,12 +288,17 @@ class Catalog:
     before it), and reads :attr:`commit_time` once.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], keys: dict[int, tuple[str, ...]] | None = None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], keys: dict[int, tuple[str, ...]] | None = None,
+                 database: str = "") -> None:
         """``conn``: a normal connection made by :func:`~connectors.postgres.connection.conninfo`
         (its pinned settings), used by the catalog alone: the loaders above are registered on it.
         ``keys``: the key columns used per relation so far in this run, shared by the run's
-        sessions (a reconnect must not change which partition a row goes to)."""
+        sessions (a reconnect must not change which partition a row goes to).
+        ``database``: the configured name its tables belong to."""
         self._conn = conn
+        self._database = database
+        #: Custom type OID → the loader registered for it, to repeat elsewhere (TypeSpecs).
+        self._registrations: dict[int, Registration] = {}
         _register_loaders(conn)
         self._tx = Transformer(conn)
         self._effective: dict[int, int] = {}
@@ -263,7 +331,24 @@ class Catalog:
             key_columns=keys,
             identity_columns=identity,
             loaders=tuple(self.loader(c.type_oid) for c in relation.columns),
+            database=self._database,
+            relid=relation.relid,
+            rebuild=loaders_for,
+            types=self._specs(relation),
         )
+
+    def _specs(self, relation: Relation) -> TypeSpecs:
+        """The relation's columns' types as :class:`TypeSpecs` (after :meth:`loader` resolved them)."""
+        effective = tuple(self.effective_oid(c.type_oid) for c in relation.columns)
+        needed: dict[int, Registration] = {}
+        pending = list(effective)
+        while pending:  # an array's element may be registered too (an array of vectors)
+            registration = self._registrations.get(pending.pop())
+            if registration is not None and registration.oid not in needed:
+                needed[registration.oid] = registration
+                if registration.kind == "array":
+                    pending.append(registration.element)
+        return TypeSpecs(effective, tuple(needed.values()))
 
     def _reported_name(self, relation: Relation) -> tuple[str, str]:
         """The relation's schema and name, or its parent's if it is a partition (one parent
@@ -300,16 +385,7 @@ class Catalog:
 
     def loader(self, oid: int) -> Loader:
         """What converts a value of type ``oid`` from its text."""
-        effective = self.effective_oid(oid)
-        if effective in _JSON_OIDS:
-            return json_loads  # what psycopg's text json loader does with the bytes it gets, one call shorter
-        found = self._tx.get_loader(effective, pq.Format.TEXT)
-        load: Loader = found.load
-        element = getattr(type(found), "base_oid", None)
-        if element is None or getattr(found, "delimiter", b",") != b",":
-            return load
-        split: Loader = self._tx.get_loader(_TEXT_ARRAY_OID, pq.Format.TEXT).load
-        return _element_wise(load, split, self.loader(element))
+        return _loader(self._tx, self.effective_oid(oid), self.effective_oid)
 
     def effective_oid(self, oid: int) -> int:
         """The OID whose loader parses values of ``oid`` (itself if psycopg knows it)."""
@@ -333,12 +409,14 @@ class Catalog:
             return self.effective_oid(base)
         if category == "A" and elem:
             element = self.effective_oid(elem)
-            info = TypeInfo(name, element, oid, delimiter=delimiter)
-            register_array(info, self._conn)
-            return oid
-        if typtype == "b" and name.rpartition(".")[2] == "vector":  # pgvector, wherever it was installed
-            self._conn.adapters.register_loader(oid, PgvectorLoader)
-        return oid  # enums load as their label (str); ranges, composites and others as their text
+            registration = Registration("array", oid, name, element, delimiter)
+        elif typtype == "b" and name.rpartition(".")[2] == "vector":  # pgvector, wherever it was installed
+            registration = Registration("vector", oid, name)
+        else:
+            return oid  # enums load as their label (str); ranges, composites and others as their text
+        registration.apply(self._conn)
+        self._registrations[oid] = registration
+        return oid
 
     def _builtin(self, oid: int) -> int | None:
         """The built-in type a Type message named for ``oid``, if psycopg knows it by name."""

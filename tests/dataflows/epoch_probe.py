@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
+import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSource
-import bytewax.operators as op
 
 from dataflows.epochs import apply_default_epoch
 

@@ -46,6 +46,7 @@ def raw_change(
     loaders: Mapping[str, Loader] | None = None,
     lsn: int = 22150152,
     idx: int = 0,
+    database: str = "app",
 ) -> RawChange:
     """A change as the source emits it: rows of column texts. The table's columns are
     ``columns`` plus every column the rows and the key name; a column a row does not name
@@ -54,7 +55,7 @@ def raw_change(
         new = {"id": b"7", "status": b"paid", "amount": b"12.50"}
     names = tuple(dict.fromkeys([*columns, *key, *(new or {}), *(old or {})]))
     load = loaders or {}
-    shape = Table(schema, table, names, key, key, tuple(load.get(name, bytes.decode) for name in names))
+    shape = Table(schema, table, names, key, key, tuple(load.get(name, bytes.decode) for name in names), database)
 
     def row(values: Mapping[str, RawValue] | None) -> tuple[RawValue, ...] | None:
         return None if values is None else tuple(values.get(name) for name in names)

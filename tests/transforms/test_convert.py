@@ -9,7 +9,7 @@ import psycopg
 
 from core.events import UNCHANGED_TOAST, Change, Loader
 from tests.transforms.samples import TS, raw_change
-from transforms.convert import convert, converting
+from transforms.convert import convert
 
 
 def _too_far(text: bytes) -> dt.date:
@@ -71,14 +71,3 @@ def test_pks_are_the_key_texts_in_column_order_from_the_new_row_or_a_deletes_old
 def test_annotations_pass_through() -> None:
     raw = raw_change()._replace(annotations=b'{"a": 1}')
     assert convert(raw).annotations == b'{"a": 1}'
-
-
-def test_converting_feeds_a_step_with_the_converted_change() -> None:
-    seen: list[Change] = []
-
-    def step(change: Change) -> int:
-        seen.append(change)
-        return change.commit_idx
-
-    raw = raw_change(new={"id": b"7"}, loaders=LOADERS, idx=4)
-    assert converting(step)(raw) == 4 and seen == [convert(raw)]

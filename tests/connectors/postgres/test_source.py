@@ -9,7 +9,7 @@ import pytest
 
 from config.schema import ReplicationSettings
 from connectors.postgres.decoder import ResumePoint
-from connectors.postgres.source import PostgresSource
+from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
 from core.runtime import Runtime
 from embedded import wait_for
@@ -296,7 +296,7 @@ def test_nothing_up_to_the_replay_horizon_is_confirmed(orders: Database) -> None
     stays before it until the source has passed it (connectors/nats/replay.py)."""
     cfg = orders.config(create=False)
     horizon = orders.current_lsn() + 2_000_000  # as if an earlier run had published up to here
-    source = PostgresSource(cfg, ReplicationSettings(), Runtime(), confirm_after=horizon)
+    source = PostgresSource([Slot(cfg, confirm_after=horizon)], ReplicationSettings(), Runtime())
     part = source.build_part("pg", cfg.slot.name, None)
     try:
         with orders.connect() as conn:

@@ -1,0 +1,83 @@
+"""The last step on the slot's worker, per sink: which changes the sink publishes, the sink
+partition each goes to, and what crosses to it.
+
+Everything here must run in commit order where the slot is read; everything after it
+(converting values, the envelope, publishing) runs on the worker that owns the sink
+partition, in another process of a cluster if the partition is there
+(``transforms/render.py``). One batch step does it all: Bytewax's per-item step shims
+cost a microsecond or more each, and the slot's worker is the part of a cluster that does
+not scale.
+
+For each change of a batch, in order:
+
+1. :class:`~transforms.filter.SinkFilter`: does the sink publish it.
+2. :class:`~transforms.group.GroupKey`, from the column texts: the partition, ``adler32(key)
+   % partition_count``. The item's Bytewax key is the partition's index, which
+   :meth:`connectors.nats.sink.JetStreamSink.part_fn` reads back: equal group keys, one
+   partition, one order.
+3. :func:`core.wire.pack`: the compact item. Before the first change of a table version on
+   a partition, ``(DESCRIBE, table)``; when a version is superseded in its lineage (a new
+   Relation message for the relation, another read of a backfill's table), ``(FORGET, uid)``
+   to each partition that had it, so a partition keeps the versions still in use only.
+   A version that comes back is described again: nothing depends on a version being seen
+   once.
+
+What is sent where is this step's own state, not snapshotted: after a restart every
+partition is rebuilt empty and every version described again before its first change.
+"""
+
+from __future__ import annotations
+
+from zlib import adler32
+
+from config.schema import SinkConfig
+from core.events import RawChange
+from core.metrics import Metrics
+from core.wire import DESCRIBE, FORGET, Item, pack
+from transforms.filter import SinkFilter
+from transforms.group import GroupKey
+
+#: A table version's lineage: its relation, and the backfill its reads belong to (None: the stream).
+_Lineage = tuple[int, str | None]
+
+
+class Dispatch:
+    """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, item)`` pairs."""
+
+    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None) -> None:
+        self._filter = SinkFilter(sink, metrics)
+        self._key = GroupKey(sink)
+        self._keys = tuple(str(i) for i in range(sink.partition_count))
+        #: uid of a table version → the partitions that have its description.
+        self._sent: dict[int, set[int]] = {}
+        #: lineage → the uid of its current version.
+        self._current: dict[_Lineage, int] = {}
+
+    def route(self, changes: list[RawChange]) -> list[tuple[str, Item]]:
+        out: list[tuple[str, Item]] = []
+        key, keys, sent = self._key, self._keys, self._sent
+        count = len(keys)
+        for change in self._filter.select(changes):
+            table = change.table
+            partition = adler32(key(change).encode()) % count
+            have = sent.get(table.uid)
+            if have is None:
+                have = self._new_version(change, out)
+            if partition not in have:
+                have.add(partition)
+                out.append((keys[partition], (DESCRIBE, table)))
+            out.append((keys[partition], pack(change)))
+        return out
+
+    def _new_version(self, change: RawChange, out: list[tuple[str, Item]]) -> set[int]:
+        """Start tracking ``change``'s table version; forget the one it supersedes."""
+        table, read = change.table, change.read
+        lineage = (table.relid, None if read is None else read.backfill)
+        old = self._current.get(lineage)
+        if old is not None:
+            for partition in sorted(self._sent.pop(old, ())):
+                out.append((self._keys[partition], (FORGET, old)))
+        self._current[lineage] = table.uid
+        have: set[int] = set()
+        self._sent[table.uid] = have
+        return have

@@ -1,0 +1,49 @@
+"""A sink partition's first job: the slot worker's compact items → messages to publish.
+
+Runs in the sink partition's ``write_batch``, on the worker that owns the partition: after
+Bytewax's exchange, so in a cluster the CPU-heavy part — converting values
+(:mod:`transforms.convert`) and the envelope (:mod:`transforms.envelope`) — is spread over
+every process, while the slot's process does only what must be serial
+(``transforms/dispatch.py``). Items arrive in the order the slot's worker sent them
+(``core/wire.py``): table descriptions, changes, forgotten versions.
+"""
+
+from __future__ import annotations
+
+from config.schema import DatabaseConfig, SinkConfig
+from core.events import Message, Table
+from core.wire import DESCRIBE, Item, unpack
+from transforms.convert import convert
+from transforms.envelope import Envelope
+
+
+class Render:
+    """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
+
+    def __init__(self, sink: SinkConfig, database: DatabaseConfig) -> None:
+        self._envelope = Envelope(sink, database)
+        #: uid → the table version it names, as described on this partition.
+        self._tables: dict[int, Table] = {}
+
+    def __call__(self, items: list[Item]) -> list[Message]:
+        out: list[Message] = []
+        envelope, tables = self._envelope, self._tables
+        for item in items:
+            head = item[0]
+            if type(head) is int:
+                table = tables.get(head)
+                if table is None:
+                    raise RuntimeError(f"a change names table version {head}, which was not described to this "
+                                       "partition first: the items from the slot's worker arrived out of order")
+                out.append(envelope(convert(unpack(item, table))))  # type: ignore[arg-type]
+            elif head == DESCRIBE:
+                described: Table = item[1]  # type: ignore[assignment]
+                tables[described.uid] = described
+            else:
+                tables.pop(item[1], None)  # type: ignore[arg-type]
+        return out
+
+    @property
+    def versions(self) -> int:
+        """How many table versions this partition holds (bounded: superseded ones are forgotten)."""
+        return len(self._tables)
