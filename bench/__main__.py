@@ -10,7 +10,7 @@ from pathlib import Path
 from bench.runner import FULL, QUICK, Options, run
 from bench.walflow import DEPLOYMENTS
 
-WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill")
+WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     sizes.add_argument("--backfill-rows", type=int,
                        help=f"rows of the table backfilled, once ~100 B and once ~1.6 KB rows "
                        f"[full {FULL.backfill_rows:,}, quick {QUICK.backfill_rows:,}]")
+    sizes.add_argument("--two-db-rows", type=int,
+                       help=f"twodb: mixed ~100 B changes in each of the two databases "
+                       f"[full {FULL.two_db_rows:,}, quick {QUICK.two_db_rows:,}]")
     sizes.add_argument("--clients", type=int, help=f"concurrent writer sessions [{FULL.clients}]")
     sizes.add_argument("--pad", type=int, help=f"string_field length for ~100 B rows [{FULL.pad}]")
     sizes.add_argument("--wide-pad", type=int, help=f"string_field length for ~1.6 KB rows [{FULL.wide_pad}]")
@@ -41,10 +44,17 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"at most this many messages replayed per sink ceiling [{FULL.sink_messages:,}]")
     sizes.add_argument("--window", type=int, help=f"in-flight window of both sink-ceiling publishers [{FULL.window}]")
     parser.add_argument("--deployments", help=f"walflow deployments for (a), of {','.join(DEPLOYMENTS)} "
-                        f"[{FULL.deployments}]")
+                        f"[full {FULL.deployments}, quick {QUICK.deployments}]. w1: -s 1 (as ./run.sh run); "
+                        "noflags: python -m bytewax.run dataflows.cdc with no flag at all; w2: -w 2; p2, p3: "
+                        "2 and 3 processes (-i/-a). Each run reports CPU per process and per thread; p2 and p3 "
+                        "give the projection of one slot's rate with N publishing processes")
     parser.add_argument("--other-deployments", help=f"walflow deployments for (b) and (c) [{FULL.other_deployments}]")
-    parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [all]; the results' "
-                        "names then end in them (<date>-latency.md), so a whole run's stay")
+    parser.add_argument("--two-db-deployment", help=f"the deployment of twodb, one flow reading two databases "
+                        f"[{FULL.two_db_deployment}]")
+    parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [full: all; quick: all but "
+                        "twodb]; the results' names then end in them (<date>-latency.md), so a whole run's stay. "
+                        "twodb: one flow over two databases (two databases: entries, a slot, publication and "
+                        "sink each, no WALFLOW_DATABASE), changes/s and CPU per process for each database")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="results directory [bench/results]")
     return parser
@@ -60,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: --only: unknown part(s) {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
     options = base.with_(**overrides)
-    for value in (options.deployments + "," + options.other_deployments).split(","):
+    for value in (options.deployments + "," + options.other_deployments + "," + options.two_db_deployment).split(","):
         if value and value not in DEPLOYMENTS:
             print(f"bench: unknown deployment '{value}'; choose from {', '.join(DEPLOYMENTS)}", file=sys.stderr)
             return 2

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.walflow import DEPLOYMENTS
+
 #: The issue's targets.
 TARGET_RSS_MB = 200
 TARGET_CPU_US = 20
@@ -18,6 +20,18 @@ TARGET_CEILING_SHARE = 0.9
 TARGET_BACKFILL_RATE = 50_000
 #: The backfill whose rate the target is about.
 BACKFILL_TARGETED = "backfill-100B"
+#: Issue 15: the bare ``python -m bytewax.run dataflows.cdc`` against ``-s 1`` on (a), same run.
+TARGET_NOFLAGS_SHARE = 0.9
+#: The projection's process counts (publishing processes beside the slot's).
+PROJECTED = (1, 2, 3, 4)
+#: Threads shown per process in the markdown (all are in the JSON).
+TOP_THREADS = 4
+MODEL = ("rate(N) = min(W, 1e6 / S, N × 1e6 / F): W the walsender limit (pg_recvlogical over the same WAL, "
+         "this run), S the slot's process's CPU µs per change (all its threads: reading, converting, the "
+         "envelope and its own share of the publishing; its serial part), F the other processes' CPU µs per "
+         "change they published (their CPU over their share of the published changes), N publishing "
+         "processes beside the slot's, each on a core of its own (a machine with enough cores, the servers "
+         "elsewhere). The reader thread alone is the floor S cannot go under while one thread reads the slot.")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -62,6 +76,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ceiling = min(workload["source_ceiling"]["changes_per_s"], sink["msgs_per_s"])
         add(f"{name}: 1 worker / min(source, publish_async)", round(run["changes_per_s"] / ceiling, 2),
             f"≥ {TARGET_CEILING_SHARE} (of {ceiling:,}/s)", lambda v: v >= TARGET_CEILING_SHARE)
+    if mixed and "w1" in mixed["walflow"] and "noflags" in mixed["walflow"]:
+        w1, bare = mixed["walflow"]["w1"]["changes_per_s"], mixed["walflow"]["noflags"]["changes_per_s"]
+        add("(a) no flags / 1 worker (-s 1), same run", round(bare / w1, 2) if bare and w1 else None,
+            f"≥ {TARGET_NOFLAGS_SHARE}", lambda v: v >= TARGET_NOFLAGS_SHARE)
     if mixed and "w1" in mixed["walflow"]:
         add("(a) walflow CPU µs/change, 1 worker", mixed["walflow"]["w1"]["cpu_us_per_change"],
             f"≤ {TARGET_CPU_US}", lambda v: v <= TARGET_CPU_US)
@@ -74,6 +92,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"{BACKFILL_TARGETED} rows/s, 1 worker", targeted["walflow"]["rows_per_s"], f"≥ {TARGET_BACKFILL_RATE:,}",
             lambda v: v >= TARGET_BACKFILL_RATE)
     peaks = [run["peak_rss_mb"] for _, _, run in _walflow_runs(results)]
+    if results.get("two_databases", {}).get("walflow"):
+        peaks.append(results["two_databases"]["walflow"]["peak_rss_mb"])
     peaks += [run["peak_rss_mb"] for _, run in _backfill_runs(results)]
     if "latency" in results:
         peaks.append(results["latency"]["peak_rss_mb"])
@@ -83,8 +103,93 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _thread_us(process: dict[str, Any], prefix: str) -> float | None:
+    """CPU µs per change of a process's threads whose name starts with ``prefix``, summed."""
+    found = [t["cpu_us_per_change"] or 0.0 for t in process.get("threads", []) if t["name"].startswith(prefix)]
+    return round(sum(found), 2) if found else None
+
+
+def scaling(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The projection of one slot's rate with N publishing processes (:data:`MODEL`), from each
+    multi-process run of (a): S from its slot's process, F from the others, W from this run's
+    pg_recvlogical. None without (a) or without a multi-process run of it."""
+    mixed = results["workloads"].get("mixed-100B")
+    if not mixed:
+        return None
+    w = mixed["source_ceiling"]["changes_per_s"]
+    models: dict[str, Any] = {}
+    for key, run in mixed["walflow"].items():
+        procs = run.get("processes") or []
+        slot = [p for p in procs if p["slots"]]
+        far = [p for p in procs if not p["slots"]]
+        if len(slot) != 1 or not far or slot[0]["cpu_us_per_change"] is None:
+            continue
+        shares = [p["published_share"] for p in far]
+        if any(x is None for x in shares) or not sum(shares) or any(p["cpu_us_per_change"] is None for p in far):
+            continue
+        s_us = slot[0]["cpu_us_per_change"]
+        f_us = round(sum(p["cpu_us_per_change"] for p in far) / sum(shares), 2)
+        projected: dict[str, Any] = {}
+        for n in PROJECTED:
+            terms = {"W": float(w), "S": 1e6 / s_us, "F": n * 1e6 / f_us}
+            bound = min(terms, key=lambda t: terms[t])
+            projected[str(n)] = {"changes_per_s": round(terms[bound]), "bound": bound}
+        models[key] = {
+            "deployment": run["deployment"],
+            "W": w,
+            "S_us": s_us,
+            "F_us": f_us,
+            "reader_us": _thread_us(slot[0], "reader-"),
+            "slot_published_share": slot[0]["published_share"],
+            "measured_changes_per_s": run["changes_per_s"],
+            "projected": projected,
+        }
+    if not models:
+        return None
+    measured = {key: run["changes_per_s"] for key, run in mixed["walflow"].items()}
+    return {"model": MODEL, "workload": "mixed-100B", "cpus": results.get("environment", {}).get("cpus"), "W": w,
+            "measured": measured, "from": models}
+
+
+def _top_threads(process: dict[str, Any]) -> str:
+    shown = [t for t in process.get("threads", []) if t["cpu_us_per_change"]][:TOP_THREADS]
+    cells = []
+    for t in shown:
+        many = f" ×{t['threads']}" if t["threads"] > 1 else ""
+        cells.append(f"{t['name']}{many} {_fmt(t['cpu_us_per_change'])}")
+    return ", ".join(cells) or "–"
+
+
+def _process_rows(label: str, run: dict[str, Any]) -> list[str]:
+    """One markdown row per process of a run: what it holds, its CPU, its top threads."""
+    rows = []
+    for p in run.get("processes") or []:
+        holds = ", ".join(f"slot {s}" for s in p["slots"]) or "–"
+        share = p.get("published_share")
+        rows.append(
+            f"| {label} | {run['deployment']} | {p['index']} | {holds} "
+            f"| {_fmt(round(share * 100, 1) if share is not None else None)} | {_fmt(p['cpu_us_per_change'])} "
+            f"| {_fmt(p.get('cpu_us_per_published'))} | {_fmt(p['peak_rss_mb'])} | {_top_threads(p)} |"
+        )
+    return rows
+
+
+PROCESS_HEADER = [
+    ("| workload | deployment | process | holds | published % | CPU µs/change | µs per change it published "
+     "| peak RSS MB | top threads, µs/change |"),
+    "|---|---|--:|---|--:|--:|--:|--:|---|",
+]
+
+
+def _deployment_keys(results: dict[str, Any]) -> list[str]:
+    """The deployments run on any catch-up workload, in :data:`DEPLOYMENTS`' order."""
+    used = {key for _, key, _ in _walflow_runs(results)}
+    return [key for key in DEPLOYMENTS if key in used] or ["w1"]
+
+
 def markdown(results: dict[str, Any]) -> str:
     env = results["environment"]
+    keys = _deployment_keys(results)
     lines = [
         f"# walflow benchmark {results['date']}{' (quick)' if results['quick'] else ''}",
         "",
@@ -98,14 +203,14 @@ def markdown(results: dict[str, Any]) -> str:
         "from process start, startup included)."),
         "",
         ("| workload | changes | row B | source ceiling pg_recvlogical | sink ceiling publish_async "
-        "| sink ceiling AckPublisher | walflow 1 worker | walflow -w 2 | walflow 2 processes "
+        f"| sink ceiling AckPublisher | {' | '.join(f'walflow {DEPLOYMENTS[k].label}' for k in keys)} "
         "| CPU µs/change (1 worker) | peak RSS MB | machine CPU busy / others' (1 worker) |"),
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|--:|--:|" + "--:|" * len(keys) + "--:|--:|--:|",
     ]
     for name, w in results["workloads"].items():
         sink = w.get("sink_ceiling", {})
         cells = []
-        for key in ("w1", "w2", "p2"):
+        for key in keys:
             run = w["walflow"].get(key)
             cells.append(f"{_fmt(run['changes_per_s'])} ({_fmt(run['changes_per_s_incl_startup'])})" if run else "–")
         w1 = w["walflow"].get("w1", {})
@@ -133,8 +238,26 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(run['peak_rss_mb'])} / {_fmt(run['peak_rss_total_mb'])} | {_fmt(run['slot_confirmed_after_s'])} "
             f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
         )
+    if any(run.get("processes") for _, _, run in _walflow_runs(results)):
+        lines += [
+            "",
+            "### CPU per process and per thread",
+            "",
+            ("From /proc (utime + stime), from the first message stored to the last (startup excluded), per "
+            "change of the workload. The slot's process is the one with the slot's reader thread; published % "
+            "from each process's /metrics. main is the process's main thread (with -w 1 the Bytewax worker), "
+            "timely:work-N a Bytewax worker thread, reader-/heartbeat- the slot's threads, async the NATS "
+            "event loop."),
+            "",
+            *PROCESS_HEADER,
+        ]
+        for name, _key, run in _walflow_runs(results):
+            lines += _process_rows(name, run)
+    lines += _noflags_markdown(results)
+    lines += _scaling_markdown(results.get("scaling"))
     if not results["workloads"]:  # a run without catch-up (--only latency): title and environment only
         del lines[3:]
+    lines += _two_databases_markdown(results.get("two_databases"))
     lines += _backfill_markdown(results)
     latency = results.get("latency")
     if latency:
@@ -172,6 +295,117 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _noflags_markdown(results: dict[str, Any]) -> list[str]:
+    """The bare command beside ``-s 1`` on (a), same run: rate, memory, how far the slot trailed."""
+    mixed = results["workloads"].get("mixed-100B", {}).get("walflow", {})
+    if "noflags" not in mixed or "w1" not in mixed:
+        return []
+    w1 = mixed["w1"]["changes_per_s"]
+    lines = [
+        "",
+        "### No flags against -s 1 ((a), same run)",
+        "",
+        ("`python -m bytewax.run dataflows.cdc` with no argument and no BYTEWAX_* variable, beside "
+        "`./run.sh run`'s `-s 1`."),
+        "",
+        ("| deployment | changes/s | / 1 worker | CPU µs/change | peak RSS MB | slot lag max MB "
+        "| slot confirmed after s | slot confirmed: moves / longest still s |"),
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for key in ("w1", "noflags"):
+        run = mixed[key]
+        ratio = round(run["changes_per_s"] / w1, 2) if run["changes_per_s"] and w1 else None
+        lines.append(
+            f"| {run['deployment']} | {_fmt(run['changes_per_s'])} | {_fmt(ratio, 2)} | {_fmt(run['cpu_us_per_change'])} "
+            f"| {_fmt(run['peak_rss_mb'])} | {_fmt(run.get('slot_lag_max_mb'), 3)} "
+            f"| {_fmt(run['slot_confirmed_after_s'])} "
+            f"| {_fmt(run.get('slot_confirmed_moves'))} / {_fmt(run.get('slot_confirmed_still_max_s'), 2)} |"
+        )
+    return lines
+
+
+def _scaling_markdown(scaling: dict[str, Any] | None) -> list[str]:
+    """The projection of one slot's rate with N publishing processes, beside what was measured."""
+    if not scaling:
+        return []
+    measured = ", ".join(f"{DEPLOYMENTS[k].label if k in DEPLOYMENTS else k} {_fmt(v)}/s"
+                         for k, v in scaling["measured"].items())
+    lines = [
+        "",
+        "### Scaling: one slot's rate projected from the measured costs ((a))",
+        "",
+        f"Model: {scaling['model']}",
+        "",
+        (f"Measured in this run ({scaling['cpus']} cores shared with PostgreSQL and NATS): pg_recvlogical "
+        f"{_fmt(scaling['W'])}/s, walflow {measured}."),
+        "",
+        ("| costs from | W /s | S µs | reader thread µs (S's floor) | slot's published % | F µs "
+        f"| {' | '.join(f'N = {n}' for n in PROJECTED)} | measured /s |"),
+        "|---|--:|--:|--:|--:|--:|" + "--:|" * len(PROJECTED) + "--:|",
+    ]
+    for model in scaling["from"].values():
+        share = model["slot_published_share"]
+        cells = " | ".join(f"{_fmt(model['projected'][str(n)]['changes_per_s'])} ({model['projected'][str(n)]['bound']})"
+                           for n in PROJECTED)
+        lines.append(
+            f"| {model['deployment']} | {_fmt(model['W'])} | {_fmt(model['S_us'])} | {_fmt(model['reader_us'])} "
+            f"| {_fmt(round(share * 100, 1) if share is not None else None)} | {_fmt(model['F_us'])} | {cells} "
+            f"| {_fmt(model['measured_changes_per_s'])} |"
+        )
+    lines += ["", "In brackets the term that binds: W the walsender, S the slot's process, F the publishing processes."]
+    return lines
+
+
+def _two_databases_markdown(two: dict[str, Any] | None) -> list[str]:
+    """One flow reading two databases: per database its rate and its slot's process; per process its CPU."""
+    if not two:
+        return []
+    lines = [
+        "",
+        f"## Two databases, one flow ({two['deployment']})",
+        "",
+        ("One config with two `databases:` entries (each its slot, publication and sink and stream), no "
+        "WALFLOW_DATABASE; each database holds the mixed ~100 B workload before walflow starts."),
+        "",
+    ]
+    if "error" in two:
+        return [*lines, f"walflow failed: `{two['error']}`"]
+    run = two["walflow"]
+    lines += [
+        ("| database | changes | pg_recvlogical /s | walflow changes/s | first → last stored s | its slot's process "
+        "| reader thread µs/change of its own | slot lag max MB | slot confirmed after s |"),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    procs = run.get("processes") or []
+    for name, db in two["databases"].items():
+        wf = db["walflow"]
+        holder = next((p for p in procs if wf["slot"] in p["slots"]), None)
+        reader = _thread_us(holder, f"reader-{wf['slot']}"[:15]) if holder else None
+        # per change of the run; the reader reads only its own database's
+        own = round(reader * (run["messages"] or 1) / max(wf["changes"], 1), 2) if reader is not None else None
+        lines.append(
+            f"| {name} ({db['database']}) | {_fmt(wf['changes'])} | {_fmt(db['source_ceiling']['changes_per_s'])} "
+            f"| **{_fmt(wf['changes_per_s'])}** | {_fmt(wf['first_to_last_stored_s'], 2)} "
+            f"| {_fmt(wf.get('slot_process'))} | {_fmt(own)} | {_fmt(wf.get('slot_lag_max_mb'), 3)} "
+            f"| {_fmt(wf['slot_confirmed_after_s'])} |"
+        )
+    lines += [
+        "",
+        (f"Both together: {_fmt(run['changes_per_s'])} changes/s, {_fmt(run['cpu_us_per_change'])} µs of walflow CPU per "
+        f"change, peak RSS {_fmt(run['peak_rss_mb'])} MB per process; machine CPU busy / others' "
+        f"{_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)}. Per process (µs per "
+        "change of both databases; published % of both):"),
+        "",
+        *PROCESS_HEADER,
+        *_process_rows("two databases", run),
+    ]
+    for p in procs:
+        if p.get("published"):
+            lines.append(f"- process {p['index']} published " + ", ".join(
+                f"{_fmt(n)} of sink {sink}" for sink, n in sorted(p["published"].items())))
+    return lines
+
+
 def _backfill_markdown(results: dict[str, Any]) -> list[str]:
     """The backfill table: walflow beside COPY of the same table, the target beside (a)'s shape."""
     backfills = results.get("backfill")
@@ -204,6 +438,10 @@ def _backfill_markdown(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _pick(key: str) -> Callable[[dict[str, Any]], float | None]:
+    return lambda w: w["walflow"].get(key, {}).get("changes_per_s")
+
+
 def chart(results: dict[str, Any], path: Path) -> None:
     """Rates per workload and consumer; slot lag over time per walflow run; latency percentiles."""
     import matplotlib
@@ -216,9 +454,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ("source ceiling (pg_recvlogical)", lambda w: w["source_ceiling"]["changes_per_s"]),
         ("sink ceiling (publish_async)", lambda w: w.get("sink_ceiling", {}).get("publish_async", {}).get("msgs_per_s")),
         ("sink ceiling (AckPublisher)", lambda w: w.get("sink_ceiling", {}).get("ack_publisher", {}).get("msgs_per_s")),
-        ("walflow 1 worker", lambda w: w["walflow"].get("w1", {}).get("changes_per_s")),
-        ("walflow -w 2", lambda w: w["walflow"].get("w2", {}).get("changes_per_s")),
-        ("walflow 2 processes", lambda w: w["walflow"].get("p2", {}).get("changes_per_s")),
+        *((f"walflow {DEPLOYMENTS[key].label}", _pick(key)) for key in _deployment_keys(results)),
     ]
     names = list(results["workloads"])
     width = 0.8 / len(series)

@@ -20,7 +20,7 @@ from typing import Any, Self
 import psycopg
 
 from bench import backfill, report
-from bench.consumers import sink_ceilings, source_ceiling, walflow_catchup
+from bench.consumers import Feed, sink_ceilings, source_ceiling, walflow_catchup, walflow_feeds
 from bench.jetstream import JetStream, StoredMessage
 from bench.latency import Phase, find_pgbench, run_latency
 from bench.walflow import DEPLOYMENTS, ROOT, Target
@@ -57,11 +57,13 @@ class Options:
     wide_pad: int = 1500
     rates: str = "1000,5000"
     latency_seconds: float = 30.0
+    two_db_rows: int = 100_000
     sink_messages: int = 200_000
     window: int = 1024
-    deployments: str = "w1,w2,p2"
+    deployments: str = "w1,noflags,w2,p2,p3"
     other_deployments: str = "w1"
-    only: str = "mixed,bulk,wide,latency,backfill"
+    two_db_deployment: str = "p2"
+    only: str = "mixed,bulk,wide,latency,backfill,twodb"
     quick: bool = False
 
     def with_(self, **changes: Any) -> Self:
@@ -72,7 +74,14 @@ class Options:
 
 
 FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000, backfill_rows=1_000_000)
-QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, backfill_rows=20_000, latency_seconds=4.0, quick=True)
+#: Quick: the three deployments of before (p2 gives the per-process split and the projection),
+#: no p3, no noflags and no two-database run unless asked for (--deployments, --only twodb).
+QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, backfill_rows=20_000, two_db_rows=10_000,
+                latency_seconds=4.0, deployments="w1,w2,p2", only="mixed,bulk,wide,latency,backfill", quick=True)
+
+#: The two-database run: walflow's names for the databases (the subjects' second token) and
+#: the server's (each with its slot and publication of its own).
+TWO_DATABASES = ("bench_a", "bench_b")
 
 
 _STARTED = time.monotonic()
@@ -121,6 +130,15 @@ def _written(written: Written) -> dict[str, Any]:
         "write_s": round(written.seconds, 2),
         "write_changes_per_s": round(written.changes / written.seconds),
     }
+
+
+def _failure(error: str) -> str:
+    """walflow's own fatal line with what follows it (a config error's reasons), else the first line."""
+    lines = error.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("walflow:")), None)
+    if start is None:
+        return lines[0].strip() if lines else error
+    return " ".join(line.strip() for line in lines[start : start + 4] if line.strip())[:400]
 
 
 class Bench:
@@ -233,6 +251,60 @@ class Bench:
         finally:
             drop_database(self.pg.dsn(), database)
 
+    def two_databases(self) -> dict[str, Any]:
+        """One flow over two databases (issue 15): a config with two ``databases:`` entries,
+        each with its slot, publication and sink, and no ``WALFLOW_DATABASE``, run as
+        ``two_db_deployment``. Each database gets the mixed workload of ``two_db_rows``
+        changes and its own pg_recvlogical; walflow reads both at once."""
+        o = self.options
+        deployment = DEPLOYMENTS[o.two_db_deployment]
+        result: dict[str, Any] = {"deployment": deployment.label, "databases": {}}
+        feeds: list[Feed] = []
+        made: list[str] = []
+        try:
+            for name in TWO_DATABASES:
+                database, slot, publication = f"bench_two_{name[-1]}", f"wf_two_{name[-1]}", f"bench_pub_{name[-1]}"
+                dsn = self.pg.dsn(database)
+                recv = f"recv_{name[-1]}"  # slot names are the server's, not the database's
+                prepare_database(self.pg.dsn(), database, dsn, [recv, slot], publication)
+                made.append(database)
+                _say(f"two databases: writing {database}")
+                written = write_mixed(dsn, database, changes=o.two_db_rows, clients=o.clients, pad=o.pad)
+                figures = result["databases"][name] = _written(written)
+                figures["database"] = database
+                figures["source_ceiling"] = source = source_ceiling(
+                    self.recvlogical, port=self.pg.port, database=database, slot=recv, publication=publication,
+                    end_lsn=written.end_lsn, changes=written.changes,
+                )
+                self.check_noise(f"two databases, {database} pg_recvlogical", source)
+                target = dataclasses.replace(self.target(database, slot, f"two_{name[-1]}"), publication=publication)
+                feeds.append(Feed(target, dsn, written.changes, written.end_lsn))
+            _say(f"two databases: walflow {deployment.label} over both")
+            try:
+                run = walflow_feeds(self.js, self.workdir, feeds, deployment, timeout=self.timeout(
+                    sum(f.changes for f in feeds)), names=TWO_DATABASES)
+            except RuntimeError as exc:  # a walflow that cannot read two databases in one flow
+                result["error"] = _failure(str(exc))
+                self.warnings.append(f"two databases: walflow failed: {result['error']}")
+                _say(f"two databases: walflow failed: {result['error']}")
+                return result
+            finally:
+                for feed in feeds:
+                    self.js.delete_stream(feed.target.stream)
+            self.check_noise(f"two databases, walflow {deployment.label}", run)
+            for name, figures in run.pop("databases").items():
+                result["databases"][name]["walflow"] = figures
+                if figures["messages"] != figures["changes"]:
+                    self.warnings.append(f"two databases, {name}: the stream holds {figures['messages']:,} "
+                                         f"messages for {figures['changes']:,} changes")
+            result["walflow"] = run
+            rates = ", ".join(f"{n} {d['walflow']['changes_per_s'] or 0:,}/s" for n, d in result["databases"].items())
+            _say(f"two databases: walflow {deployment.label}: {rates}, {run['cpu_us_per_change']} µs/change")
+            return result
+        finally:
+            for database in made:
+                drop_database(self.pg.dsn(), database)
+
     def latency(self) -> dict[str, Any]:
         o = self.options
         phases = [Phase(f"{int(r)}/s", int(r), o.latency_seconds) for r in o.rates.split(",") if r]
@@ -293,6 +365,8 @@ def run(options: Options, out_dir: Path) -> int:
                     )
                 if o.runs("latency"):
                     results["latency"] = suite.latency()
+                if o.runs("twodb"):
+                    results["two_databases"] = suite.two_databases()
                 if o.runs("backfill"):
                     results["backfill"] = {
                         name: suite.backfill(name, pad) for name, pad in (("backfill-100B", o.pad),
@@ -304,7 +378,9 @@ def run(options: Options, out_dir: Path) -> int:
         results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         results["seconds"] = round(time.monotonic() - began, 1)
         results["targets"] = report.targets(results)
-        partial = set(options.only.split(",")) != set(FULL.only.split(","))
+        results["scaling"] = report.scaling(results)
+        whole = QUICK if options.quick else FULL  # a mode's own parts: its whole run
+        partial = set(options.only.split(",")) != set(whole.only.split(","))
         json_path, md_path, png_path = report.write(results, out_dir, options.only.replace(",", "+") if partial else "")
         print(report.markdown(results))
         _say(f"wrote {json_path}, {md_path.name}, {png_path.name} in {results['seconds']:.0f}s")

@@ -100,7 +100,9 @@ def current_lsn(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     return str_to_lsn(str(row[0]))
 
 
-def prepare_database(admin_dsn: str, database: str, database_dsn: str, slots: list[str]) -> None:
+def prepare_database(
+    admin_dsn: str, database: str, database_dsn: str, slots: list[str], publication: str = PUBLICATION
+) -> None:
     """A fresh database with the table, a publication for it, and one pgoutput slot per
     consumer, all made before any row is written: every consumer then reads the same WAL."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -108,7 +110,7 @@ def prepare_database(admin_dsn: str, database: str, database_dsn: str, slots: li
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute(MIXED_PROCEDURE)
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE benchmark_records").format(sql.Identifier(PUBLICATION)))
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE benchmark_records").format(sql.Identifier(publication)))
     create_slots(database_dsn, slots)
 
 
