@@ -7,8 +7,9 @@ cannot hide a replay: walflow's must. Ground truth comes from a second slot on t
 publication, read after the fact.
 
 Modes: one process without and with ``-r``, two worker threads (``-w 2``), and a
-two-process cluster with ``-r``. ``WALFLOW_CHAOS_KILLS`` (default 3 per mode, 12 in all)
-makes a longer run for local use.
+two-process cluster without and with ``-r`` (the split: the slot's process sends compact
+items past the exchange, the other process converts and publishes its partitions' share).
+``WALFLOW_CHAOS_KILLS`` (default 3 per mode, 15 in all) makes a longer run for local use.
 """
 
 from __future__ import annotations
@@ -88,14 +89,16 @@ class Writer(threading.Thread):
 
 @contextmanager
 def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProcess]]:
-    """The pipeline in ``mode``: one process (with or without -r) or a two-process cluster."""
+    """The pipeline in ``mode``: one process (with or without -r), two worker threads, or a
+    two-process cluster (with or without -r), where the slot's process sends compact items
+    and the other converts, envelopes and publishes its partitions' share."""
     args = ["-s", "1"]
     if mode.endswith("-r"):
         args += ["-r", str(recovery), "-b", "0"]
     if mode == "threads":
         args += ["-w", "2"]
     with ExitStack() as stack:
-        if mode == "cluster-r":
+        if mode.startswith("cluster"):
             addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
             procs = [
                 stack.enter_context(pipeline(config, *args, "-i", str(i), "-a", addresses, log_suffix=f".{i}"))
@@ -107,7 +110,7 @@ def _start(config: Path, mode: str, recovery: Path) -> Iterator[list[ServerProce
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["single", "single-r", "threads", "cluster-r"])
+@pytest.mark.parametrize("mode", ["single", "single-r", "threads", "cluster", "cluster-r"])
 def test_kill_9_under_load_loses_and_repeats_nothing(
     mode: str, database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

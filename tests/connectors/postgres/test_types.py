@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import pickle
 from collections.abc import Iterator
 
 import psycopg
@@ -385,3 +386,42 @@ def test_an_element_python_cannot_hold_stays_text_the_others_load(
     """Per element, as Sequin's value caster falls back."""
     oid = oid_of(conn, f"pg_typeof({expression})")
     assert Catalog(conn).loader(oid)(output(conn, expression)) == expected
+
+
+# -- a table's loaders in another process ------------------------------------------------------
+
+
+def test_a_table_pickled_to_another_process_converts_every_value_as_its_reader_does(conn: Conn) -> None:
+    """Past the exchange a sink partition converts with loaders rebuilt from the table's
+    TypeSpecs (no connection there): for built-in, custom and array types alike, the same
+    values, and a custom array's registration travels with the table."""
+    conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+    conn.execute("CREATE DOMAIN posint AS int CHECK (VALUE > 0)")
+    conn.execute("CREATE TYPE span AS RANGE (subtype = float8)")
+    conn.execute("CREATE TYPE pair AS (a int, b text)")
+    columns = {
+        "id": "int PRIMARY KEY", "n": "numeric", "at": "timestamptz", "doc": "jsonb", "ints": "int[]",
+        "gap": "interval", "raw": "bytea", "moods": "mood[]", "pos": "posint", "poss": "posint[]",
+        "spans": "span[]", "pairs": "pair[]", "net": "inet", "d": "date",
+    }
+    conn.execute(f"CREATE TABLE typed ({', '.join(f'{c} {t}' for c, t in columns.items())})")
+    values = ("1", "12.50", "'2026-11-30 04:00:00+00'", """'{"a": [1, 2.5, null]}'""", "'{1,NULL,3}'",
+              "'1 year 2 days 00:00:01.5'", "'\\x0102'", "'{sad,ok}'", "5", "'{1,2}'", "'{\"[1,2)\"}'",
+              "ARRAY[ROW(1, 'x')::pair]", "'::ffff:1.2.3.4'", "'infinity'")
+    conn.execute(f"INSERT INTO typed VALUES ({', '.join(values)})")
+    texts = [output(conn, f"{column} FROM typed") for column in columns]
+    table = Catalog(conn, database="app").describe(relation_of(conn, "typed"))
+    elsewhere = pickle.loads(pickle.dumps(table))
+    assert elsewhere is not table and elsewhere.uid == table.uid and elsewhere.database == "app"
+    assert (elsewhere.columns, elsewhere.key_columns, elsewhere.relid) == (table.columns, table.key_columns, table.relid)
+    assert sorted(r.name for r in table.types.registrations) == ["mood[]", "pair[]", "posint[]", "span[]"]
+    assert next(r for r in table.types.registrations if r.name == "posint[]").element == 23  # the domain's base
+    for name, here, there, text in zip(table.columns, table.loaders, elsewhere.loaders, texts, strict=True):
+        try:
+            expected = here(text)
+        except (psycopg.DataError, ValueError, OverflowError) as exc:  # 'infinity' date: convert falls back to text
+            with pytest.raises(type(exc)):
+                there(text)
+            continue
+        assert there(text) == expected, name
+        assert type(there(text)) is type(expected), name

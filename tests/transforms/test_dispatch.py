@@ -1,0 +1,140 @@
+"""The split around Bytewax's exchange, without servers: the slot worker's dispatch step
+(filter, group key, partition, compact items, table descriptions) and a sink partition's
+render step (items → the same messages the envelope makes from the change itself),
+also when every item went through pickle as between processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any
+from zlib import adler32
+
+import pytest
+
+from connectors.postgres.types import TypeSpecs, loaders_for
+from core.events import RawChange, ReadOf, Table
+from core.metrics import Metrics
+from core.wire import DESCRIBE, FORGET, Item, pack, unpack
+from tests.transforms.samples import TS, make_database, make_sink, raw_change
+from transforms.convert import convert
+from transforms.dispatch import Dispatch
+from transforms.envelope import Envelope
+from transforms.group import GroupKey
+from transforms.render import Render
+
+INT4, TEXT, NUMERIC, TIMESTAMPTZ, JSONB = 23, 25, 1700, 1184, 3802
+
+
+def typed_table(relid: int = 1, database: str = "app") -> Table:
+    """A table as the catalog describes one: loaders that rebuild elsewhere from TypeSpecs."""
+    types = TypeSpecs((INT4, TEXT, NUMERIC, TIMESTAMPTZ, JSONB), ())
+    return Table("public", "orders", ("id", "status", "amount", "at", "doc"), ("id",), ("id",), loaders_for(types),
+                 database, relid, loaders_for, types)
+
+
+def change(table: Table, row_id: int, action: Any = "insert", idx: int = 0, read: ReadOf | None = None) -> RawChange:
+    new = (str(row_id).encode(), b"paid", b"12.50", b"2026-11-30 04:00:00+00", b'{"a": [1, null]}')
+    if action == "delete":
+        return RawChange(action, table, None, (new[0], None, None, None, None), True, 100 + row_id, idx, TS, 9,
+                         read)
+    return RawChange(action, table, new, None, False, 100 + row_id, idx, TS, 9, read)
+
+
+def by_partition(routed: list[tuple[str, Item]]) -> dict[str, list[Item]]:
+    out: dict[str, list[Item]] = {}
+    for key, item in routed:
+        out.setdefault(key, []).append(item)
+    return out
+
+
+def test_each_partition_gets_a_table_description_once_before_its_first_change() -> None:
+    table = typed_table()
+    dispatch = Dispatch(make_sink(partition_count=3))
+    routed = dispatch.route([change(table, i, idx=i) for i in range(30)])
+    routed += dispatch.route([change(table, i, action="update", idx=i) for i in range(30)])
+    parts = by_partition(routed)
+    assert len(parts) == 3  # 30 rows spread over every partition
+    for items in parts.values():
+        assert items[0] == (DESCRIBE, table)
+        assert sum(1 for item in items if item[0] == DESCRIBE) == 1
+
+
+def test_a_row_keeps_one_partition_the_one_its_group_key_hashes_to() -> None:
+    table = typed_table()
+    sink = make_sink(partition_count=4)
+    dispatch, key = Dispatch(sink), GroupKey(sink)
+    changes = [change(table, 7, idx=0), change(table, 7, action="update", idx=1), change(table, 7, "delete", idx=2)]
+    routed = [(k, item) for k, item in dispatch.route(changes) if type(item[0]) is int]
+    assert {k for k, _ in routed} == {str(adler32(key(changes[0]).encode()) % 4)}
+    assert [item[6] for _, item in routed] == [0, 1, 2]  # commit order kept
+
+
+def test_what_the_sink_does_not_publish_or_another_database_wrote_never_crosses() -> None:
+    metrics = Metrics()
+    dispatch = Dispatch(make_sink(actions=["insert"]), metrics)
+    ours, theirs = typed_table(), typed_table(relid=2, database="crm")
+    routed = dispatch.route([change(ours, 1, "delete"), change(theirs, 2), change(ours, 3)])
+    assert [item[0] for _, item in routed] == [DESCRIBE, ours.uid]
+    filtered = metrics.changes_filtered.labels("app-to-nats", "public.orders", "delete")._value.get()
+    assert filtered == 1  # the other database's change is not this sink's, so not counted as filtered
+
+
+def test_a_new_version_of_a_relation_forgets_the_old_one_where_it_was_described() -> None:
+    old = typed_table()
+    new = dataclasses.replace(old, uid=old.uid + 1)
+    dispatch = Dispatch(make_sink(partition_count=2))
+    first = dispatch.route([change(old, i) for i in range(10)])
+    had = {k for k, item in first if item[0] == DESCRIBE}
+    second = dispatch.route([change(new, 1)])
+    forgets = [(k, item) for k, item in second if item[0] == FORGET]
+    assert sorted(forgets) == sorted((k, (FORGET, old.uid)) for k in had)
+    assert second.index(forgets[-1]) < next(i for i, (_, item) in enumerate(second) if item[0] == DESCRIBE)
+
+
+def test_a_backfills_table_does_not_supersede_the_streams() -> None:
+    stream = typed_table()
+    chunk = dataclasses.replace(stream, uid=stream.uid + 1)
+    dispatch = Dispatch(make_sink(partition_count=1))
+    read = ReadOf("app-to-nats", "b1", '["1"]')
+    routed = dispatch.route([change(stream, 1), change(chunk, 1, "read", read=read), change(stream, 2)])
+    assert [item[0] for _, item in routed] == [DESCRIBE, stream.uid, DESCRIBE, chunk.uid, stream.uid]
+
+
+@pytest.mark.parametrize("crossing", [False, True], ids=["same process", "pickled"])
+def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing: bool) -> None:
+    table = typed_table()
+    sink, db = make_sink(partition_count=2), make_database()
+    changes = [change(table, i, idx=i) for i in range(6)] + [change(table, 3, "delete", idx=9)]
+    changes.append(change(table, 4, "read", read=ReadOf(sink.name, "b1", '["4"]')))
+    envelope = Envelope(sink, db)
+    expected = {c.commit_lsn * 100 + c.commit_idx: envelope(convert(c)) for c in changes}
+    published = []
+    for items in by_partition(Dispatch(sink).route(changes)).values():
+        if crossing:
+            items = [pickle.loads(pickle.dumps(item)) for item in items]
+        published += Render(sink, db)(items)
+    assert len(published) == len(changes)
+    assert sorted(published) == sorted(expected.values())
+
+
+def test_a_packed_change_round_trips_with_its_table() -> None:
+    raw = raw_change("update", new={"id": b"7", "status": b"paid"}, old={"id": b"6"}, old_is_key=True, idx=3)
+    assert unpack(pickle.loads(pickle.dumps(pack(raw))), raw.table) == raw
+    read = raw._replace(action="read", read=ReadOf("s", "b", '["7"]'), annotations=b'{"a":1}')
+    assert unpack(pack(read), read.table) == read
+
+
+def test_a_change_before_its_table_is_described_stops_with_the_reason() -> None:
+    table = typed_table()
+    with pytest.raises(RuntimeError, match="was not described to this partition first"):
+        Render(make_sink(), make_database())([pack(change(table, 1))])
+
+
+def test_a_partition_holds_only_the_versions_in_use() -> None:
+    render = Render(make_sink(), make_database())
+    tables = [dataclasses.replace(typed_table(), uid=u) for u in range(1, 50)]
+    dispatch = Dispatch(make_sink(partition_count=1))
+    for table in tables:  # a reconnect or DDL per batch: a new version each time
+        render([item for _, item in dispatch.route([change(table, 1)])])
+    assert render.versions == 1
