@@ -30,7 +30,7 @@ from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
-from dataflows.epochs import apply_default_epoch
+from dataflows.engine import apply_default_epoch, publishes_here, this_cluster
 from dataflows.health import serve as serve_health
 from dataflows.initial_backfill import InitialBackfills
 from dataflows.logs import configure_logging, held_until_configured
@@ -76,7 +76,13 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     """The flow for ``config``; its parts share ``runtime``."""
     slots: list[Slot] = []
     publishers: dict[str, JetStreamSink] = {}
-    for db in databases_for(config):
+    databases = databases_for(config)
+    cluster = this_cluster()
+    publishing = publishes_here(cluster, len(databases))
+    if not publishing:
+        log_flow.info("process %d of %d reads the slot(s) and takes no sink partitions: the other processes "
+                      "convert, envelope and publish", cluster.process, cluster.processes)
+    for db in databases:
         sinks = [s for s in config.sinks if s.enabled and s.database == db.name]
         if not sinks:
             raise ConfigError("sinks", [f"no active sink reads database '{db.name}': nothing to do"])
@@ -86,7 +92,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         replay_from = confirmed_lsn(db)
         mine = {
             sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks,
-                                     render=functools.partial(Render, sink, db))
+                                     render=functools.partial(Render, sink, db), publishes=publishing)
             for sink in sinks
         }
         replay_horizon = max(publish.prepare() for publish in mine.values())

@@ -110,14 +110,19 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         slot: str = "",
         peers: Sequence[SinkConfig] = (),
         render: Callable[[], Render] | None = None,
+        publishes: bool = True,
     ) -> None:
         """``database``: the configured name of the database the changes come from;
         ``replay_from``: the slot's confirmed LSN, where the source resumes (or before it);
         ``runtime``: the process's, whose loop the NATS connection lives on;
         ``peers``: the config's sinks, of every database (this one may be among them),
         which a sink with ``msg_id: sequin`` must not share its stream with;
-        ``render``: makes each partition's item → message step (it holds per-partition state)."""
+        ``render``: makes each partition's item → message step (it holds per-partition state);
+        ``publishes``: whether this process takes any of the sink's partitions
+        (``dataflows/engine.py``: in a cluster, the processes that read slots may leave
+        publishing to the others; the sink still connects, for its replay horizon)."""
         self.render = render
+        self.publishes = publishes
         self.sink = sink
         self.database = database
         self.slot = slot
@@ -244,6 +249,8 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
 
     def list_parts(self) -> list[str]:
         keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
+        if not self.publishes:
+            return []  # Bytewax gives a partition only to a worker that lists it
         return [f"{self.sink.name}-{i}" for i in range(self.sink.partition_count)]
 
     def part_fn(self, item_key: str) -> int:
