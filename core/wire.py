@@ -26,7 +26,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from core.events import Action, RawChange, RawRow, ReadOf, Table
+from core.events import Action, RawChange, RawRow, Table
 
 #: The first element of a table description and of a forgotten version's item.
 DESCRIBE: Final = "describe"
@@ -40,18 +40,20 @@ Item = Packed | tuple[str, Table] | tuple[str, int]
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _US: Final = timedelta(microseconds=1)
+#: Below 2**32 s (2106), a float's spacing is under a microsecond: ``micros / 1e6`` rounds
+#: back to the same microsecond in ``fromtimestamp``, twice as fast as adding a timedelta.
+_FAST_UNTIL: Final = 2**32 * 1_000_000
 
 
 def pack(change: RawChange) -> Packed:
     """``change`` as it crosses to its sink partition."""
-    read = change.read
-    return (change.table.uid, change.action, change.new, change.old, change.old_is_key, change.commit_lsn,
-            change.commit_idx, (change.commit_ts - _EPOCH) // _US, change.xid,
-            None if read is None else (read.sink, read.backfill, read.row_key), change.annotations)
+    action, table, new, old, old_is_key, lsn, idx, ts, xid, read, annotations = change
+    return (table.uid, action, new, old, old_is_key, lsn, idx, (ts - _EPOCH) // _US, xid,
+            None if read is None else (read.sink, read.backfill, read.row_key), annotations)
 
 
-def unpack(item: Packed, table: Table) -> RawChange:
-    """The change ``item`` names, read with ``table`` (the version its uid names)."""
-    _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item
-    return RawChange(action, table, new, old, old_is_key, lsn, idx, _EPOCH + timedelta(microseconds=micros), xid,
-                     None if read is None else ReadOf(*read), annotations)
+def commit_time(micros: int) -> datetime:
+    """A packed commit time (Unix microseconds) as the aware UTC datetime it was."""
+    if _FAST_UNTIL > micros >= 0:  # a float holds every microsecond of these exactly enough
+        return datetime.fromtimestamp(micros / 1_000_000, UTC)
+    return _EPOCH + timedelta(microseconds=micros)

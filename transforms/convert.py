@@ -19,11 +19,12 @@ to holds a loader per column.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Final
 
 import psycopg
 
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, RawChange, RawRow, Row, Table
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Action, Change, RawChange, RawRow, ReadOf, Row, Table
 
 #: What a loader raises for a value Python cannot hold; the value then falls back to its text.
 _UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
@@ -65,17 +66,23 @@ def _pks(table: Table, raw: RawRow, old: RawRow | None) -> tuple[str, ...]:
 
 def convert(change: RawChange) -> Change:
     """``change`` with its values converted."""
-    table = change.table
-    raw_new, raw_old = change.new, change.old
+    return convert_fields(*change)
+
+
+def convert_fields(action: Action, table: Table, raw_new: RawRow | None, raw_old: RawRow | None, old_is_key: bool,
+                   commit_lsn: int, commit_idx: int, commit_ts: datetime, xid: int, read: ReadOf | None = None,
+                   annotations: bytes | None = None) -> Change:
+    """A :class:`RawChange`'s fields (in its order) converted: what a sink partition calls
+    with the fields of a packed change (``transforms/render.py``), without building the
+    ``RawChange`` between."""
     new = None if raw_new is None else convert_row(table, raw_new)
     if raw_old is None:
         old = None
-    elif change.old_is_key and change.action == "update":
+    elif old_is_key and action == "update":
         old = _key_row(table, raw_old)
     else:
         old = convert_row(table, raw_old)
     keyed = raw_new if raw_new is not None else raw_old
     pks = () if keyed is None or not table.key_positions else _pks(table, keyed, raw_old)
-    return Change(change.action, table.schema, table.name, table.key_columns, new, old,
-                  change.commit_lsn, change.commit_idx, change.commit_ts, change.xid, change.read,
-                  change.annotations, pks)
+    return Change(action, table.schema, table.name, table.key_columns, new, old, commit_lsn, commit_idx, commit_ts,
+                  xid, read, annotations, pks)

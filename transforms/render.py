@@ -11,9 +11,9 @@ every process, while the slot's process does only what must be serial
 from __future__ import annotations
 
 from config.schema import DatabaseConfig, SinkConfig
-from core.events import Message, Table
-from core.wire import DESCRIBE, Item, unpack
-from transforms.convert import convert
+from core.events import Message, ReadOf, Table
+from core.wire import DESCRIBE, Item, commit_time
+from transforms.convert import convert_fields
 from transforms.envelope import Envelope
 
 
@@ -35,7 +35,9 @@ class Render:
                 if table is None:
                     raise RuntimeError(f"a change names table version {head}, which was not described to this "
                                        "partition first: the items from the slot's worker arrived out of order")
-                out.append(envelope(convert(unpack(item, table))))  # type: ignore[arg-type]
+                _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item  # type: ignore[misc]
+                out.append(envelope(convert_fields(action, table, new, old, old_is_key, lsn, idx, commit_time(micros),
+                                                   xid, None if read is None else ReadOf(*read), annotations)))
             elif head == DESCRIBE:
                 described: Table = item[1]  # type: ignore[assignment]
                 tables[described.uid] = described
