@@ -23,10 +23,11 @@ has no new value: ``record`` shows its old value when Postgres sent the old row,
 
 **Values** are Sequin's (its ``value_caster.ex``, then Jason): the source already loads
 bytea, ranges and the vectors as Postgres's text and intervals as ``{"months", "days",
-"microseconds"}`` (:mod:`connectors.postgres.types`). ``pydantic_core.to_json`` encodes the
-rest in Rust (faster than ``json.dumps``); only values whose default differs from Sequin's
-are rewritten before it, found by one type lookup per column (and, for arrays, per first
-element: Postgres arrays hold one type):
+"microseconds"}`` (:mod:`connectors.postgres.types`). Rows are encoded by orjson in one
+call, without a Python step per value (see *Two encoders* below); the exact encoder,
+``pydantic_core.to_json`` after rewriting the values whose default differs from Sequin's
+(found by one type lookup per column and, for arrays, per first element: Postgres arrays
+hold one type), defines the bytes:
 
 - **timestamps** on a whole second: ``to_json`` drops the fraction; Sequin (Ecto's ``_usec``
   types) always writes six digits (``…05.000000Z``).
@@ -35,6 +36,20 @@ element: Postgres arrays hold one type):
 - **timestamps** with ``timestamp_format: unix_microsecond`` → integer microseconds since
   the Unix epoch, in ``record`` and ``changes`` only (``commit_timestamp`` stays ISO, as in
   Sequin); a timestamp without time zone is read as UTC.
+
+**Two encoders, one output.** The exact encoder costs a Python call per value, and
+pydantic-core's encoding is 2-3x orjson's; on a typical row that was most of the envelope.
+orjson writes every value the source produces as pydantic-core does (a property test holds
+them byte for byte), except where a row takes the exact encoder instead: what orjson cannot
+write (an integer beyond 64 bits, a tz-aware ``time``, a lone surrogate, an unknown type:
+it raises), a non-finite float (orjson writes ``null``: a row whose output holds more
+``null`` than it has ``None`` columns), and a timestamp with whole seconds or an offset
+other than UTC (orjson drops the fraction or rounds a seconds offset where pydantic-core
+truncates: found in the output by :data:`_EXACT_TIMESTAMP`, which a text that looks the
+same also sends the exact way; so does a time whose fraction orjson writes one digit short).
+Decimals and unchanged TOAST are written by orjson's
+``default``, as the exact encoder rewrites them; with ``timestamp_format:
+unix_microsecond`` datetimes are too.
 
 **Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
 change: walflow's by default (it names database and sink, so that sinks can share a
@@ -50,12 +65,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+import orjson
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
@@ -69,6 +86,13 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _NAIVE_EPOCH: Final = datetime(1970, 1, 1)
 #: Where the derived ids of consumers and databases live (uuid5 names below it).
 _ID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/walflow/walflow")
+#: A timestamp or time in orjson's output (``OPT_UTC_Z``) that the exact encoder writes
+#: otherwise: whole seconds (naive, ``Z`` or an offset: no fraction), any offset but UTC, or a
+#: time of 10,000-99,999 microseconds (orjson 3.11 writes five digits: ``00:00:00.10000``).
+#: Whole-second times are written alike, but taken as exact too: one pattern is cheaper.
+_EXACT_TIMESTAMP: Final = re.compile(rb':\d\d:\d\d(?:"|Z"|[+-]|\.\d{5}"|\.\d{6}[+-])')
+_dumps: Final = orjson.dumps
+_new_message: Final = tuple.__new__
 
 
 def unix_microseconds(value: datetime) -> int:
@@ -97,6 +121,32 @@ def _json(value: Any) -> bytes:
     return to_json(value, inf_nan_mode="strings", fallback=str)
 
 
+def _default(value: Any) -> Any:
+    """What orjson's ``default`` writes for a value it has no encoding of: what the exact
+    encoder writes for it; a ``TypeError`` sends the row to the exact encoder."""
+    kind = type(value)
+    if kind is Decimal:
+        return _positional(value)
+    if kind is UnchangedToast:
+        return UNCHANGED_TOAST_MARKER
+    raise TypeError(kind)
+
+
+def _default_unix(value: Any) -> Any:
+    """:func:`_default` for ``timestamp_format: unix_microsecond``, which hands orjson's
+    dates and times here too (``OPT_PASSTHROUGH_DATETIME``)."""
+    kind = type(value)
+    if kind is datetime:
+        return unix_microseconds(value)
+    if kind is date or (kind is time and value.tzinfo is None):
+        return value.isoformat()  # as pydantic-core writes them (it truncates a time's offset seconds)
+    return _default(value)
+
+
+def _nones(row: Row) -> int:
+    return list(row.values()).count(None)
+
+
 def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")  # json.loads accepts NaN and Infinity; Jason does not
 
@@ -122,13 +172,19 @@ class Envelope:
         self._tail = b'"enrichment":null,"consumer":%s,"database":%s}}' % (_json(consumer), _json(described))
         #: (schema, table, action) -> the payload text that depends on them only: see _head.
         self._heads: dict[tuple[str, str, str], bytes] = {}
-        #: Values rewritten before to_json, by exact type; all others pass untouched.
+        #: Values the exact encoder rewrites before to_json, by exact type; all others pass untouched.
+        unix = sink.timestamp_format == "unix_microsecond"
         self._convert: dict[type, Callable[[Any], Any]] = {
             UnchangedToast: _unchanged_toast,
             Decimal: _positional,
-            datetime: unix_microseconds if sink.timestamp_format == "unix_microsecond" else iso_usec,
+            datetime: unix_microseconds if unix else iso_usec,
             list: self._list,
         }
+        #: orjson's part (see the module's docstring): how it is called, and whether its
+        #: output may hold timestamps the exact encoder writes otherwise.
+        self._default = _default_unix if unix else _default
+        self._options = orjson.OPT_PASSTHROUGH_DATETIME if unix else orjson.OPT_UTC_Z
+        self._timestamps = not unix
         # The changes of one transaction share their commit timestamp and annotations: render
         # each once. One tuple each, replaced whole, so worker threads sharing this step never
         # pair a stale half.
@@ -137,15 +193,21 @@ class Envelope:
 
     def __call__(self, change: Change) -> Message:
         action = change.action
-        changes: Row | None = None
+        changes = b"null"
         if action == "delete":
-            record = self._row(change.old or {}, None)
+            record = self._encode(change.old or {})
         elif action == "insert" or action == "read":
-            record = self._row(change.new or {}, None)
+            record = self._encode(change.new or {})
         elif action == "update":
             new, old = change.new or {}, change.old
-            record = self._row(new, old)
-            changes = {} if old is None else self._changes(new, old)
+            if old is None:
+                record, changes = self._encode(new), b"{}"
+            else:
+                filled = new
+                if UNCHANGED_TOAST in new.values():  # REPLICA IDENTITY FULL: the old row has it, detoasted
+                    filled = {name: old[name] if value is UNCHANGED_TOAST and name in old else value
+                              for name, value in new.items()}
+                record, changes = self._encode(filled), self._encode(self._changes(new, old))
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
@@ -159,19 +221,20 @@ class Envelope:
             b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",'
             b'"record_pks":%s,"transaction_annotations":%s,%s'
         ) % (
-            _json(record),
-            b"null" if changes is None else _json(changes),
+            record,
+            changes,
             head,
             timestamp,
             lsn,
             idx,
             key,
-            to_json(change.pks),
+            _dumps(change.pks),
             self._annotations(change.annotations),
             self._tail,
         )
-        return Message(change.schema, change.table, action, payload, key.decode("ascii"),
-                       committed if read is None else 0.0)
+        # tuple.__new__: Message's generated __new__ is a Python call of its own, per change
+        return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
+                                      committed if read is None else 0.0))
 
     def _head(self, schema: str, table: str, action: str) -> bytes:
         """The payload's text that only depends on a table and an action: JSON from
@@ -188,8 +251,12 @@ class Envelope:
         ``timestamp_format`` says: Sequin converts only ``record`` and ``changes``), and as
         Unix seconds (the message's ``commit_ts``); cached per transaction."""
         cached = self._last_ts
-        if ts != cached[0]:
-            cached = self._last_ts = (ts, to_json(iso_usec(ts.astimezone(UTC))), ts.timestamp())
+        if ts is not cached[0] and ts != cached[0]:
+            if ts.tzinfo is UTC and ts.microsecond:  # as the source makes them: orjson writes what to_json does
+                rendered = _dumps(ts, option=orjson.OPT_UTC_Z)
+            else:
+                rendered = to_json(iso_usec(ts.astimezone(UTC)))
+            cached = self._last_ts = (ts, rendered, ts.timestamp())
         return cached
 
     def _annotations(self, text: bytes | None) -> bytes:
@@ -207,6 +274,18 @@ class Envelope:
             self._last_annotations = (text, rendered)
         return rendered
 
+    def _encode(self, row: Row) -> bytes:
+        """``row`` as JSON, by orjson where its bytes are the exact encoder's (the module's docstring)."""
+        try:
+            out = _dumps(row, default=self._default, option=self._options)
+        except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write
+            return _json(self._row(row))
+        if (b"null" in out and out.count(b"null") != _nones(row)) or (
+            self._timestamps and _EXACT_TIMESTAMP.search(out) is not None
+        ):
+            return _json(self._row(row))
+        return out
+
     def _value(self, value: Any) -> Any:
         convert = self._convert.get(type(value))
         return value if convert is None else convert(value)
@@ -220,8 +299,8 @@ class Envelope:
                 break
         return values
 
-    def _row(self, row: Row, old: Row | None) -> Row:
-        """``row`` with the values that need it rewritten; copied only when one does."""
+    def _row(self, row: Row) -> Row:
+        """``row`` with the values that need it rewritten for the exact encoder; copied only when one does."""
         out: Row | None = None
         convert = self._convert
         for name, value in row.items():
@@ -229,16 +308,13 @@ class Envelope:
             if rewrite is not None:
                 if out is None:
                     out = dict(row)
-                if value is UNCHANGED_TOAST and old is not None and name in old:
-                    out[name] = self._value(old[name])  # REPLICA IDENTITY FULL: the old row has it, detoasted
-                else:
-                    out[name] = rewrite(value)
+                out[name] = rewrite(value)
         return row if out is None else out
 
     def _changes(self, new: Row, old: Row) -> Row:
         """The old values of the columns whose value differs; a TOASTed untouched column is unknown, left out."""
         return {
-            name: self._value(before)
+            name: before
             for name, before in old.items()
             if (after := new.get(name, UNCHANGED_TOAST)) is not UNCHANGED_TOAST and _differs(before, after)
         }
