@@ -129,11 +129,18 @@ def scaling(results: dict[str, Any]) -> dict[str, Any] | None:
             continue
         s_us = slot[0]["cpu_us_per_change"]
         f_us = round(sum(p["cpu_us_per_change"] for p in far) / sum(shares), 2)
-        projected: dict[str, Any] = {}
-        for n in PROJECTED:
-            terms = {"W": float(w), "S": 1e6 / s_us, "F": n * 1e6 / f_us}
-            bound = min(terms, key=lambda t: terms[t])
-            projected[str(n)] = {"changes_per_s": round(terms[bound]), "bound": bound}
+        slot_share = slot[0]["published_share"] or 0.0
+        # the slot's process without its own publishing, priced at the others' cost per change published
+        s_serial = round(max(s_us - slot_share * f_us, 1e-3), 2)
+
+        def project(s_cost: float, f_cost: float = f_us) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for n in PROJECTED:
+                terms = {"W": float(w), "S": 1e6 / s_cost, "F": n * 1e6 / f_cost}
+                bound = min(terms, key=lambda t: terms[t])
+                out[str(n)] = {"changes_per_s": round(terms[bound]), "bound": bound}
+            return out
+
         models[key] = {
             "deployment": run["deployment"],
             "W": w,
@@ -142,7 +149,10 @@ def scaling(results: dict[str, Any]) -> dict[str, Any] | None:
             "reader_us": _thread_us(slot[0], "reader-"),
             "slot_published_share": slot[0]["published_share"],
             "measured_changes_per_s": run["changes_per_s"],
-            "projected": projected,
+            "projected": project(s_us),
+            # the same with S less its own publishing: a slot's process that publishes nothing
+            "S_serial_us": s_serial,
+            "projected_serial": project(s_serial),
         }
     if not models:
         return None
@@ -345,14 +355,21 @@ def _scaling_markdown(scaling: dict[str, Any] | None) -> list[str]:
     ]
     for model in scaling["from"].values():
         share = model["slot_published_share"]
-        cells = " | ".join(f"{_fmt(model['projected'][str(n)]['changes_per_s'])} ({model['projected'][str(n)]['bound']})"
-                           for n in PROJECTED)
-        lines.append(
-            f"| {model['deployment']} | {_fmt(model['W'])} | {_fmt(model['S_us'])} | {_fmt(model['reader_us'])} "
-            f"| {_fmt(round(share * 100, 1) if share is not None else None)} | {_fmt(model['F_us'])} | {cells} "
-            f"| {_fmt(model['measured_changes_per_s'])} |"
-        )
-    lines += ["", "In brackets the term that binds: W the walsender, S the slot's process, F the publishing processes."]
+        for label, s_us, projected in ((model["deployment"], model["S_us"], model["projected"]),
+                                       (f"{model['deployment']}, S less its own publishing", model.get("S_serial_us"),
+                                        model.get("projected_serial"))):
+            if projected is None:
+                continue
+            cells = " | ".join(f"{_fmt(projected[str(n)]['changes_per_s'])} ({projected[str(n)]['bound']})"
+                               for n in PROJECTED)
+            lines.append(
+                f"| {label} | {_fmt(model['W'])} | {_fmt(s_us)} | {_fmt(model['reader_us'])} "
+                f"| {_fmt(round(share * 100, 1) if share is not None else None)} | {_fmt(model['F_us'])} | {cells} "
+                f"| {_fmt(model['measured_changes_per_s'])} |"
+            )
+    lines += ["", ("In brackets the term that binds: W the walsender, S the slot's process, F the publishing processes. "
+              "\"S less its own publishing\": S − (slot's published share × F), what the slot's process would cost if "
+              "the sink partitions it owns (its share of the publishing) ran elsewhere.")]
     return lines
 
 
