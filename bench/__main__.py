@@ -19,7 +19,8 @@ def _parser() -> argparse.ArgumentParser:
         description="walflow's benchmark (issue 7): starts its own PostgreSQL and NATS, writes "
         "bench/results/<date>[-quick].{json,md,png} and prints the markdown table.",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run in under a minute, every measurement included")
+    parser.add_argument("--quick", action="store_true", help="small sizes, about a minute: every part but twodb, (a) in w1,w2,p2 only "
+                        "(add noflags, p3 with --deployments, twodb with --only)")
     sizes = parser.add_argument_group("sizes (default: full mode's; --quick changes those not given)")
     sizes.add_argument("--rows", type=int, help=f"(a) mixed ~100 B changes [full {FULL.rows:,}, quick {QUICK.rows:,}]")
     sizes.add_argument("--wide-rows", type=int,
