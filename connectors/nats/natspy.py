@@ -1,7 +1,7 @@
 """Every use of a nats-py private name, fenced in one module and checked when it is imported.
 
-walflow's publishing hot path bypasses two of nats-py's per-message layers (see
-:class:`WalflowClient`), which needs six of its private names:
+walflow's publishing hot path bypasses three of nats-py's per-message layers (see
+:class:`WalflowClient`), which needs these private names:
 
 - ``Client._pending``, ``Client._pending_data_size``: its outgoing queue, which
   :meth:`WalflowClient.send_raw` appends ready-made commands to and :func:`drop_pending`
@@ -10,7 +10,11 @@ walflow's publishing hot path bypasses two of nats-py's per-message layers (see
 - ``Client._process_msg(sid, subject, reply, data, headers)``: what its protocol parser
   calls per delivered message, overridden to hand direct subscriptions' messages to a
   plain function;
-- ``Subscription._id``: a subscription's id, as the parser names it.
+- ``Subscription._id``: a subscription's id, as the parser names it;
+- ``Client._ps``, its protocol parser, replaced by a :class:`DirectParser`: a subclass of
+  ``nats.protocol.parser.Parser`` that relies on its ``parse(data)`` coroutine, its
+  ``buf`` (bytes received and not yet parsed) and ``state`` (``AWAITING_CONTROL_LINE``
+  between frames).
 
 nats-py is pinned to the minor version tested (:data:`PIN`, ``pyproject.toml``). Should
 another version be installed anyway, importing this module fails at once, naming the
@@ -29,6 +33,8 @@ from typing import Final
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.protocol import parser as natspy_parser
+from nats.protocol.parser import Parser
 
 log = logging.getLogger("walflow.nats")
 
@@ -36,7 +42,7 @@ log = logging.getLogger("walflow.nats")
 PIN: Final = "nats-py[nkeys]>=2.16,<2.17"
 
 #: Instance attributes of ``Client`` that the hooks read or write.
-CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_flush_queue")
+CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_flush_queue", "_ps")
 #: Methods of ``Client`` the hooks call or override, with the parameters they rely on.
 CLIENT_METHODS: Final[dict[str, tuple[str, ...]]] = {
     "_flush_pending": (),  # called without arguments
@@ -44,6 +50,8 @@ CLIENT_METHODS: Final[dict[str, tuple[str, ...]]] = {
 }
 #: Instance attributes of ``Subscription`` the hooks read.
 SUBSCRIPTION_ATTRIBUTES: Final = ("_id",)
+#: Instance attributes of ``Parser`` :class:`DirectParser` reads or writes.
+PARSER_ATTRIBUTES: Final = ("buf", "state")
 
 
 class NatsPyIncompatible(ImportError):
@@ -66,6 +74,14 @@ def contract_problems(client_cls: type[Client] = Client, subscription_cls: type[
     except Exception as exc:  # noqa: BLE001 - a changed constructor is one more problem to name
         return [f"Client() failed: {exc!r}"]
     problems += [f"Client.{name} (attribute)" for name in CLIENT_ATTRIBUTES if name not in attributes]
+    parser = attributes.get("_ps")
+    if "_ps" in attributes and not isinstance(parser, Parser):
+        problems.append("Client._ps (a nats.protocol.parser.Parser)")
+    problems += [f"Parser.{name} (attribute)" for name in PARSER_ATTRIBUTES if name not in vars(parser or Parser())]
+    if not isinstance(getattr(natspy_parser, "AWAITING_CONTROL_LINE", None), int):
+        problems.append("nats.protocol.parser.AWAITING_CONTROL_LINE (a state)")
+    if not inspect.iscoroutinefunction(getattr(Parser, "parse", None)):
+        problems.append("Parser.parse() (coroutine method)")
     for name, expected in CLIENT_METHODS.items():
         method = getattr(client_cls, name, None)
         if not callable(method) or not inspect.iscoroutinefunction(method):
@@ -117,13 +133,15 @@ class WalflowClient(Client):
     CPU. :meth:`send_raw` queues ready-made protocol commands in nats-py's own outgoing
     queue (so they keep their place behind whatever nats-py queued before), and a
     subscription made with :meth:`subscribe_direct` has its messages handed to a plain
-    function, straight from the protocol parser. Everything else — connecting, auth, TLS,
+    function, straight from the protocol parser — for a plain ``MSG`` frame (an ack), before
+    nats-py's parser sees it (:class:`DirectParser`). Everything else — connecting, auth, TLS,
     pings, reconnects and resubscribing — stays nats-py's.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._direct: dict[int, tuple[Subscription, DirectHandler]] = {}
+        self._ps = DirectParser(self, self._direct)
         #: The last "Permissions Violation" the server reported (nats-py reports it only
         #: through ``error_cb``; the request it refused then times out).
         self.permission_violation: str | None = None
@@ -166,3 +184,69 @@ class WalflowClient(Client):
                 entry[1](subject, data, headers)
             except Exception:  # an escape would end nats-py's read loop, silently
                 log.exception("handling a message on %s failed", subject.decode(errors="replace"))
+
+
+_AWAITING_CONTROL_LINE: Final[int] = natspy_parser.AWAITING_CONTROL_LINE
+
+
+class DirectParser(Parser):
+    """nats-py's protocol parser, with a short way for the ``MSG`` frames of direct subscriptions.
+
+    Per frame, nats-py's parser matches a regex, fills a dict, deletes the frame from the
+    front of its buffer (moving the rest: quadratic in the frames of one read) and awaits a
+    coroutine. JetStream acks are nearly all of walflow's incoming frames, so while the
+    frames are ``MSG <subject> <sid> <size>`` of a direct subscription, they are read here
+    from the bytes as received, by offset, and handed to the handler at once. At the first
+    frame that is anything else (headers, a reply subject, another subscription's, PING,
+    INFO, -ERR, a malformed line), everything from there goes to nats-py's parser, in order;
+    an incomplete direct frame waits in ``buf`` for the next read, between frames as far as
+    nats-py's state is concerned. A frame nats-py's regex would refuse as malformed but
+    ``int()`` reads (``+5``) is read: the server does not send them.
+    """
+
+    def __init__(self, nc: Client, direct: dict[int, tuple[Subscription, DirectHandler]]) -> None:
+        super().__init__(nc)
+        self._direct = direct
+
+    async def parse(self, data: bytes = b"") -> None:
+        if self.state != _AWAITING_CONTROL_LINE:  # in the middle of a frame nats-py began
+            await super().parse(data)
+            return
+        buf = self.buf
+        if buf:
+            buf.extend(data)
+            data = bytes(buf)
+            buf.clear()
+        pos, waiting = self._direct_frames(data)
+        if waiting:
+            buf.extend(data[pos:])
+        elif pos < len(data):
+            await super().parse(data[pos:] if pos else data)
+
+    def _direct_frames(self, data: bytes) -> tuple[int, bool]:
+        """Hand on the direct frames at the start of ``data``: the offset after them, and
+        whether what follows is a direct frame not yet received whole."""
+        direct, size, pos = self._direct, len(data), 0
+        while data.startswith(b"MSG ", pos):
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                return pos, True
+            fields = data[pos + 4 : eol].split()
+            if len(fields) != 3:  # a reply subject, or not a MSG nats-py would read
+                break
+            subject, sid, length = fields
+            try:
+                entry = direct.get(int(sid))
+                end = eol + 2 + int(length)
+            except ValueError:
+                break
+            if entry is None:
+                break
+            if end + 2 > size:
+                return pos, True
+            try:
+                entry[1](subject, data[eol + 2 : end], None)
+            except Exception:  # an escape would end nats-py's read loop, silently
+                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
+            pos = end + 2
+        return pos, False
