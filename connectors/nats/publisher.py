@@ -39,6 +39,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import StreamSetupError
@@ -96,16 +97,12 @@ class _InFlight:
         return self.seq > 0 or self.error is not None
 
 
-def msg_id_headers(msg_id: str) -> bytes:
-    """The header block that carries ``Nats-Msg-Id``, as the NATS protocol spells it."""
-    return b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
-
-
-def hpub(subject: bytes, reply: bytes, headers: bytes, payload: bytes) -> bytes:
-    """One ``HPUB`` command: ``payload`` with its header block, a reply subject for the ack."""
-    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-        subject, reply, len(headers), len(headers) + len(payload), headers, payload
-    )
+#: One ``HPUB`` command, as the NATS protocol spells it: subject, reply subject (the inbox's
+#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` in the
+#: header block, the payload. One format per message: this runs for every message.
+_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n"
+#: The header block's size without the id.
+_HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 
 
 class AckPublisher:
@@ -146,6 +143,7 @@ class AckPublisher:
         self._label = label
         self._inbox = nc.new_inbox()
         self._reply_prefix = f"{self._inbox}.".encode()
+        self._token_at = len(self._reply_prefix)  # where an ack's subject has its token
         self._token = 0
         self._waiting: dict[int, _InFlight] = {}
         self._inflight: deque[_InFlight] = deque()
@@ -328,11 +326,13 @@ class AckPublisher:
         max_payload, prefix, waiting = nc.max_payload, self._reply_prefix, self._waiting
         token = self._token
         commands: list[bytes] = []
+        append, inflight = commands.append, self._inflight
         for entry in entries:
             message = entry.message
-            self._inflight.append(entry)
-            headers = msg_id_headers(message.msg_id)
-            size = len(headers) + len(message.payload)
+            inflight.append(entry)
+            msg_id, payload = message.msg_id.encode(), message.payload
+            headers = _HEADERS_SIZE + len(msg_id)
+            size = headers + len(payload)
             if size > max_payload:  # the server would drop the connection: refuse it here, by name
                 entry.error = PublishError(
                     f"the message is larger than the server's max_payload ({size} > {max_payload} bytes "
@@ -341,9 +341,7 @@ class AckPublisher:
                 break  # nothing after it is sent, nor put in the window
             token += 1
             waiting[token] = entry
-            commands.append(
-                hpub(entry.subject, b"%s%d" % (prefix, token), headers, message.payload)
-            )
+            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
         self._token = token
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
@@ -367,13 +365,13 @@ class AckPublisher:
     def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
         """An ack (or an error) for one message, read straight from the wire."""
         try:
-            entry = self._waiting.pop(int(subject[len(self._reply_prefix):]), None)
+            entry = self._waiting.pop(int(subject[self._token_at :]), None)
         except ValueError:
             return
         if entry is None:
             return  # an ack for a message already given up on (and re-sent)
         found = _SEQ.search(data)
-        if found is not None and _ERROR.search(data) is None:
+        if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
             self._acked[entry.subject] += 1
             if committed := entry.message.commit_ts:  # 0.0 for a backfill's read

@@ -19,7 +19,6 @@ from packaging.requirements import Requirement
 
 from connectors.nats import natspy
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import hpub, msg_id_headers
 from core.runtime import Runtime
 from tests.connectors.nats.clients import nats_client
 from tests.harness import Nats, TestNames
@@ -105,7 +104,7 @@ def test_send_raw_and_subscribe_direct_on_a_real_server(nc: WalflowClient, names
         plain = await nc.subscribe(f"{subject}.plain")  # not direct: nats-py's own path still works
         commands = (
             b"PUB %s.direct 5\r\nhello\r\n" % subject.encode()
-            + hpub(f"{subject}.direct".encode(), b"_INBOX.unused", msg_id_headers("id-1"), b"world")
+            + b"HPUB %s.direct _INBOX.unused 31 36\r\nNATS/1.0\r\nNats-Msg-Id: id-1\r\n\r\nworld\r\n" % subject.encode()
             + b"PUB %s.plain 5\r\nplain\r\n" % subject.encode()
         )
         assert await nc.send_raw(commands)
