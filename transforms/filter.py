@@ -70,6 +70,7 @@ class SinkFilter:
         kept: list[RawChange] = []
         dropped = self._dropped.counts
         database = self._database
+        counted = False
         for change in changes:
             if change.table.database != database:
                 continue
@@ -77,7 +78,11 @@ class SinkFilter:
                 kept.append(change)
             elif change.read is None:  # another sink's backfill read is not this sink's to count
                 dropped[change.table, change.action] += 1
-        self._dropped.flush()
+                counted = True
+        if counted:
+            # Only the worker that reads the sink's database counts and flushes: with two
+            # databases on two worker threads, the other one's batches touch nothing here.
+            self._dropped.flush()
         return kept
 
     def __call__(self, change: RawChange) -> bool:

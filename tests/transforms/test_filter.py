@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -169,3 +171,37 @@ def test_a_batch_keeps_its_order_and_counts_what_it_drops_from_the_slot() -> Non
     }
     assert counted == {("audit", "public.orders", "update"): 2, ("audit", "public.items", "update"): 1,
                        ("audit", "public.orders", "truncate"): 1}
+
+
+def test_another_databases_worker_never_touches_the_sinks_counts() -> None:
+    """Two databases on two worker threads of one process share each sink's filter: the
+    worker of the other database must not flush the counts the sink's own worker is
+    filling (that raised "dictionary changed size during iteration" and over-counted)."""
+    metrics = Metrics()
+    accept = SinkFilter(make_sink(actions=["insert"]), metrics)
+    mine = [raw_change("update", table=f"t{i}") for i in range(500)]  # dropped, counted per table
+    theirs = [raw_change("insert", database="other") for _ in range(10)]
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def other_worker() -> None:
+        try:
+            while not done.is_set():
+                assert accept.select(theirs) == []
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    try:
+        for _ in range(200):
+            accept.select(mine)
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    counted = sum(s.value for m in metrics.changes_filtered.collect() for s in m.samples if s.name.endswith("_total"))
+    assert counted == 200 * len(mine)
