@@ -18,6 +18,7 @@ collector's lists when they hold no containers. Markers are pickle-stable single
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,9 +139,17 @@ class Table:
 def _rebuilt(schema: str, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...],
              identity_columns: tuple[str, ...], database: str, relid: int,
              rebuild: Callable[[TypeSpecs], tuple[Loader, ...]], types: TypeSpecs, uid: int) -> Table:
-    """A :class:`Table` unpickled in another process, its loaders rebuilt there."""
-    return Table(schema, name, columns, key_columns, identity_columns, rebuild(types), database, relid, rebuild,
-                 types, uid)
+    """A :class:`Table` unpickled in another process, its loaders rebuilt there. This runs
+    inside Bytewax's exchange, where an exception surfaces only as a panic of its thread:
+    what failed is logged first."""
+    try:
+        loaders = rebuild(types)
+    except Exception:
+        logging.getLogger("walflow.events").exception(
+            "table %s.%s of database %s: its loaders could not be rebuilt in this process from %r",
+            schema, name, database, types)
+        raise
+    return Table(schema, name, columns, key_columns, identity_columns, loaders, database, relid, rebuild, types, uid)
 
 
 class ReadOf(NamedTuple):

@@ -30,7 +30,7 @@ from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, Runtime
-from dataflows.engine import apply_default_epoch, publishes_here, this_cluster
+from dataflows.engine import apply_default_epoch, publishes_here, slots_here, this_cluster
 from dataflows.health import serve as serve_health
 from dataflows.initial_backfill import InitialBackfills
 from dataflows.logs import configure_logging, held_until_configured
@@ -100,7 +100,8 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         publishers.update(mine)
     flow = Dataflow("walflow")
     source = PostgresSource(slots, config.walflow.replication, runtime, backfill=config.walflow.backfill,
-                            epoch_budget_mb=config.walflow.max_memory_mb)
+                            epoch_budget_mb=config.walflow.max_memory_mb,
+                            here=slots_here(cluster, [db.slot.name for db in databases]))
     changes = op.input("postgres", flow, source)
     for name, publish in publishers.items():
         step = _step(name)

@@ -16,19 +16,20 @@ rate) and left the slot 10–20 s behind. So the flow sets its own default, the 
 with ``-r`` Bytewax requires ``-s`` anyway. If ``bytewax.run`` does not look as expected
 (another Bytewax), the epoch stays Bytewax's and a warning says to pass ``-s 1``.
 
-**Placement.** Bytewax gives each source partition (a slot) to a worker by a fixed rule
-(``shared/reference/bytewax-engine.md`` §1.6: partitions in key order, each to the worker
-with the fewest so far, ties to the lowest index), and a process that lists no partitions
-of a sink gets none of them. In a cluster where some processes read no slot, the
-processes that read one publish nothing: they do only the serial part (decode, filter,
-group key) and the others convert, envelope and publish (:func:`publishes_here`). When
-every process reads a slot, every process publishes.
+**Placement.** A cluster's processes share the slots: the k-th slot in name order is
+listed (``list_parts``) by process ``k % processes`` only, so Bytewax gives it to one of
+that process's workers, and slots spread over processes before they share one. When there
+are fewer slots than processes, the processes that read a slot take no sink partitions
+(a process that lists none of a sink's partitions gets none): they do only the serial part
+(decode, filter, group key, pack) and the others convert, envelope and publish
+(:func:`publishes_here`). Otherwise every process publishes.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final, NamedTuple
 
@@ -85,14 +86,12 @@ def this_cluster() -> Cluster:
                    int(parsed.get("workers_per_process") or 1))
 
 
-def slot_processes(cluster: Cluster, slots: int) -> frozenset[int]:
-    """The processes Bytewax gives the ``slots`` source partitions to: the k-th partition
-    in key order goes to worker ``k % workers`` (every worker lists every slot)."""
-    workers = cluster.processes * cluster.workers_per_process
-    return frozenset((k % workers) // cluster.workers_per_process for k in range(slots))
+def slots_here(cluster: Cluster, slots: Sequence[str]) -> frozenset[str]:
+    """The slots this process reads: the k-th in name order goes to process ``k % processes``."""
+    return frozenset(name for k, name in enumerate(sorted(slots)) if k % cluster.processes == cluster.process)
 
 
 def publishes_here(cluster: Cluster, slots: int) -> bool:
-    """Whether this process takes sink partitions (see the module docstring)."""
-    readers = slot_processes(cluster, slots)
-    return cluster.process not in readers or len(readers) == cluster.processes
+    """Whether this process takes sink partitions (see the module docstring): when there are
+    fewer slots than processes, only the processes that read none."""
+    return slots >= cluster.processes or cluster.process >= slots

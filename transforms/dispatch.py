@@ -18,9 +18,9 @@ For each change of a batch, in order:
 3. :func:`core.wire.pack`: the compact item. Before the first change of a table version on
    a partition, ``(DESCRIBE, table)``; when a version is superseded in its lineage (a new
    Relation message for the relation, another read of a backfill's table), ``(FORGET, uid)``
-   to each partition that had it, so a partition keeps the versions still in use only.
-   A version that comes back is described again: nothing depends on a version being seen
-   once.
+   to each partition that had it, so a partition keeps the versions still in use only
+   (and never more than :data:`MAX_VERSIONS`). A version that comes back is described
+   again: nothing depends on a version being seen once.
 
 What is sent where is this step's own state, not snapshotted: after a restart every
 partition is rebuilt empty and every version described again before its first change.
@@ -28,6 +28,7 @@ partition is rebuilt empty and every version described again before its first ch
 
 from __future__ import annotations
 
+from typing import Final
 from zlib import adler32
 
 from config.schema import SinkConfig
@@ -41,15 +42,23 @@ from transforms.group import GroupKey
 _Lineage = tuple[int, str | None]
 
 
+#: How many table versions dispatch tracks (and a partition holds) at most: past it the
+#: oldest is forgotten, and described again if a change still needs it. Versions that are
+#: never superseded — a finished backfill's table, a dropped relation — cannot pile up.
+MAX_VERSIONS: Final = 1024
+
+
 class Dispatch:
     """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, item)`` pairs."""
 
-    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None) -> None:
+    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS) -> None:
         self._filter = SinkFilter(sink, metrics)
         self._key = GroupKey(sink)
         self._keys = tuple(str(i) for i in range(sink.partition_count))
-        #: uid of a table version → the partitions that have its description.
-        self._sent: dict[int, set[int]] = {}
+        self._max_versions = max_versions
+        #: uid of a table version → its lineage and the partitions that have its description,
+        #: oldest first.
+        self._sent: dict[int, tuple[_Lineage, set[int]]] = {}
         #: lineage → the uid of its current version.
         self._current: dict[_Lineage, int] = {}
 
@@ -60,9 +69,8 @@ class Dispatch:
         for change in self._filter.select(changes):
             table = change.table
             partition = adler32(key(change).encode()) % count
-            have = sent.get(table.uid)
-            if have is None:
-                have = self._new_version(change, out)
+            tracked = sent.get(table.uid)
+            have = self._new_version(change, out) if tracked is None else tracked[1]
             if partition not in have:
                 have.add(partition)
                 out.append((keys[partition], (DESCRIBE, table)))
@@ -70,14 +78,23 @@ class Dispatch:
         return out
 
     def _new_version(self, change: RawChange, out: list[tuple[str, Item]]) -> set[int]:
-        """Start tracking ``change``'s table version; forget the one it supersedes."""
+        """Start tracking ``change``'s table version; forget the one it supersedes, and the
+        oldest one past :data:`MAX_VERSIONS`."""
         table, read = change.table, change.read
         lineage = (table.relid, None if read is None else read.backfill)
         old = self._current.get(lineage)
         if old is not None:
-            for partition in sorted(self._sent.pop(old, ())):
-                out.append((self._keys[partition], (FORGET, old)))
+            self._forget(old, out)
+        if len(self._sent) >= self._max_versions:
+            self._forget(next(iter(self._sent)), out)
         self._current[lineage] = table.uid
         have: set[int] = set()
-        self._sent[table.uid] = have
+        self._sent[table.uid] = (lineage, have)
         return have
+
+    def _forget(self, uid: int, out: list[tuple[str, Item]]) -> None:
+        lineage, had = self._sent.pop(uid)
+        if self._current.get(lineage) == uid:
+            del self._current[lineage]
+        for partition in sorted(had):
+            out.append((self._keys[partition], (FORGET, uid)))

@@ -47,5 +47,6 @@ class Render:
 
     @property
     def versions(self) -> int:
-        """How many table versions this partition holds (bounded: superseded ones are forgotten)."""
+        """How many table versions this partition holds (superseded ones are forgotten, and at most
+        ``transforms.dispatch.MAX_VERSIONS``)."""
         return len(self._tables)

@@ -244,8 +244,9 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
     """Committed row changes from databases' replication slots, each in commit order, values as texts.
 
     One partition per :class:`Slot`, keyed by the slot's name (so a recovery directory
-    resumes each slot where its partition stopped): Bytewax spreads the partitions over the
-    workers of a cluster. The epoch budget is the flow's, shared evenly by the partitions.
+    resumes each slot where its partition stopped); in a cluster each process lists the
+    slots it reads (``here``, decided by ``dataflows/engine.py``) and Bytewax gives each to
+    one of that process's workers. The epoch budget is the flow's, shared evenly by the slots.
     """
 
     def __init__(
@@ -256,7 +257,9 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         *,
         backfill: BackfillSettings | None = None,
         epoch_budget_mb: int = 128,
+        here: frozenset[str] | None = None,
     ) -> None:
+        """``here``: the slots this process reads, of a cluster's (None: all of them)."""
         names = [slot.db.slot.name for slot in slots]
         if not slots or len(set(names)) != len(names):
             raise ValueError(f"the slots a source reads must be some and distinct: {names}")
@@ -265,10 +268,11 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         self.settings = settings
         self.runtime = runtime
         self.epoch_budget = epoch_budget_mb * 1024 * 1024 // len(slots)
+        self.here = frozenset(names) if here is None else here
 
     def list_parts(self) -> list[str]:
         keep_thread_state()  # Bytewax calls this once on every worker thread: see core/threads.py
-        return list(self.slots)
+        return [name for name in self.slots if name in self.here]
 
     def build_part(self, step_id: str, for_part: str, resume_state: SourceState | None) -> SlotPartition:
         keep_thread_state()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dataflows.engine import Cluster, publishes_here, slot_processes
+from dataflows.engine import Cluster, publishes_here, slots_here
 from embedded._process import free_port, wait_for
 from tests.harness import Database, Nats, TestNames, slot_confirmed
 from tests.pipeline import ROOT, assert_running, pipeline, write_config
@@ -62,23 +62,23 @@ def test_the_flow_sees_the_cluster_it_runs_in() -> None:
 
 
 @pytest.mark.parametrize(
-    ("processes", "workers", "slots", "readers", "publishers"),
+    ("processes", "slots", "readers", "publishers"),
     [
-        (1, 1, 1, {0}, {0}),
-        (1, 2, 2, {0}, {0}),  # threads: one process does everything
-        (2, 1, 1, {0}, {1}),  # the slot's process only reads
-        (3, 1, 1, {0}, {1, 2}),
-        (2, 1, 2, {0, 1}, {0, 1}),  # every process reads a slot: every process publishes
-        (3, 1, 2, {0, 1}, {2}),
-        (2, 2, 3, {0, 1}, {0, 1}),  # workers 0, 1 (process 0) and 2 (process 1)
-        (2, 2, 2, {0}, {1}),
+        (1, 1, {0: ["a"]}, {0}),
+        (1, 2, {0: ["a", "b"]}, {0}),  # one process (any -w) does everything
+        (2, 1, {0: ["a"]}, {1}),  # the slot's process only reads
+        (3, 1, {0: ["a"]}, {1, 2}),
+        (2, 2, {0: ["a"], 1: ["b"]}, {0, 1}),  # every process reads a slot: every process publishes
+        (3, 2, {0: ["a"], 1: ["b"]}, {2}),
+        (2, 3, {0: ["a", "c"], 1: ["b"]}, {0, 1}),
     ],
 )
-def test_processes_that_read_a_slot_publish_only_when_every_process_does(
-    processes: int, workers: int, slots: int, readers: set[int], publishers: set[int]
+def test_slots_spread_over_processes_and_publishing_goes_where_none_is_read(
+    processes: int, slots: int, readers: dict[int, list[str]], publishers: set[int]
 ) -> None:
-    clusters = [Cluster(p, processes, workers) for p in range(processes)]
-    assert slot_processes(clusters[0], slots) == readers
+    names = ["c", "a", "b"][:slots] if slots == 3 else ["a", "b"][:slots]
+    clusters = [Cluster(p, processes, 2) for p in range(processes)]
+    assert {c.process: sorted(slots_here(c, names)) for c in clusters if slots_here(c, names)} == readers
     assert {c.process for c in clusters if publishes_here(c, slots)} == publishers
 
 

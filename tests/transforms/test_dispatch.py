@@ -141,3 +141,19 @@ def test_a_partition_holds_only_the_versions_in_use() -> None:
     for table in tables:  # a reconnect or DDL per batch: a new version each time
         render([item for _, item in dispatch.route([change(table, 1)])])
     assert render.versions == 1
+
+
+def test_versions_never_superseded_are_bounded_and_described_again_when_needed() -> None:
+    """Finished backfills' tables (one lineage each) are never superseded: past the bound
+    the oldest is forgotten where it was described, and described again if used again."""
+    dispatch = Dispatch(make_sink(partition_count=1), max_versions=3)
+    render = Render(make_sink(), make_database())
+    first = typed_table()
+    chunks = [dataclasses.replace(first, uid=first.uid + i) for i in range(1, 6)]
+    routed = dispatch.route([change(first, 1)])
+    for i, chunk in enumerate(chunks):
+        routed += dispatch.route([change(chunk, 1, "read", read=ReadOf("app-to-nats", f"b{i}", '["1"]'))])
+    routed += dispatch.route([change(first, 2)])  # the stream's version, forgotten meanwhile: described again
+    messages = render([item for _, item in routed])
+    assert len(messages) == 7 and render.versions <= 3
+    assert [item for _, item in routed].count((DESCRIBE, first)) == 2
