@@ -97,6 +97,7 @@ _U16: Final = struct.Struct("!H")
 _U32: Final = struct.Struct("!I")
 _U64: Final = struct.Struct("!Q")
 _COLUMN_TYPE: Final = struct.Struct("!Ii")  # type_oid, typmod
+_new_tuple: Final = tuple.__new__
 _TRUNCATE_HEAD: Final = struct.Struct("!IB")  # nrels, flags
 _MESSAGE_HEAD: Final = struct.Struct("!BQ")  # flags, lsn
 #: Message types that exist but that only options this session does not set bring.
@@ -342,11 +343,12 @@ class Decoder:
         idx = self._txn_idx
         self._txn_idx = idx + 1
         if idx > self._txn_emitted:
-            # what _stage and change_memory do, inline: this runs for every change
+            # what _stage and change_memory do, inline: this runs for every change; and
+            # tuple.__new__, as RawChange's generated __new__ is a Python call of its own
             size = (_MEMORY_PER_CHANGE + _MEMORY_PER_WAL_BYTE * len(buf)
                     + _MEMORY_PER_COLUMN * ((0 if new is None else ncols) + (0 if old is None else ncols)))
-            self.staged.append(RawChange(action, table, new, old, old_is_key, commit_lsn, idx,
-                                         self._txn_ts, self._txn_xid, None, self._txn_annotations))
+            self.staged.append(_new_tuple(RawChange, (action, table, new, old, old_is_key, commit_lsn, idx,
+                                                      self._txn_ts, self._txn_xid, None, self._txn_annotations)))
             self.staged_sizes.append(size)
             self.staged_size += size
             self._last = (commit_lsn, idx)
