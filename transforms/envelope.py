@@ -125,8 +125,9 @@ def _default(value: Any) -> Any:
     """What orjson's ``default`` writes for a value it has no encoding of: what the exact
     encoder writes for it; a ``TypeError`` sends the row to the exact encoder."""
     kind = type(value)
-    if kind is Decimal:
-        return _positional(value)
+    if kind is Decimal:  # str() is 3x format(): the same digits unless it chose an exponent
+        text = str(value)
+        return text if "E" not in text else _positional(value)
     if kind is UnchangedToast:
         return UNCHANGED_TOAST_MARKER
     raise TypeError(kind)

@@ -895,3 +895,9 @@ def test_commit_timestamps_are_rendered_as_before(ts: dt.datetime) -> None:
     _, rendered, committed = envelope()._commit_time(ts)
     assert rendered == to_json(iso_usec(ts.astimezone(dt.UTC)))
     assert committed == ts.timestamp()
+
+
+@given(st.decimals())
+def test_numerics_are_the_exact_encoders_digits(value: Decimal) -> None:
+    step = envelope()
+    assert step._encode({"n": value}) == exact(step, {"n": value})
