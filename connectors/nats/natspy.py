@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import logging
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -187,6 +188,8 @@ class WalflowClient(Client):
 
 
 _AWAITING_CONTROL_LINE: Final[int] = natspy_parser.AWAITING_CONTROL_LINE
+#: A ``MSG`` frame's control line without a reply subject, as nats-server writes it.
+_DIRECT_MSG: Final = re.compile(rb"MSG (\S+) (\d+) (\d+)\r\n")
 
 
 class DirectParser(Parser):
@@ -198,10 +201,9 @@ class DirectParser(Parser):
     frames are ``MSG <subject> <sid> <size>`` of a direct subscription, they are read here
     from the bytes as received, by offset, and handed to the handler at once. At the first
     frame that is anything else (headers, a reply subject, another subscription's, PING,
-    INFO, -ERR, a malformed line), everything from there goes to nats-py's parser, in order;
-    an incomplete direct frame waits in ``buf`` for the next read, between frames as far as
-    nats-py's state is concerned. A frame nats-py's regex would refuse as malformed but
-    ``int()`` reads (``+5``) is read: the server does not send them.
+    INFO, -ERR, a control line not received whole), everything from there goes to nats-py's
+    parser, in order; a direct frame whose payload is not received whole waits in ``buf``
+    for the next read, between frames as far as nats-py's state is concerned.
     """
 
     def __init__(self, nc: Client, direct: dict[int, tuple[Subscription, DirectHandler]]) -> None:
@@ -225,27 +227,20 @@ class DirectParser(Parser):
 
     def _direct_frames(self, data: bytes) -> tuple[int, bool]:
         """Hand on the direct frames at the start of ``data``: the offset after them, and
-        whether what follows is a direct frame not yet received whole."""
+        whether what follows is a direct frame whose payload is not yet received whole."""
         direct, size, pos = self._direct, len(data), 0
-        while data.startswith(b"MSG ", pos):
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
-                return pos, True
-            fields = data[pos + 4 : eol].split()
-            if len(fields) != 3:  # a reply subject, or not a MSG nats-py would read
-                break
-            subject, sid, length = fields
-            try:
-                entry = direct.get(int(sid))
-                end = eol + 2 + int(length)
-            except ValueError:
-                break
+        match = _DIRECT_MSG.match
+        while (frame := match(data, pos)) is not None:
+            subject, sid, length = frame.groups()
+            entry = direct.get(int(sid))
             if entry is None:
                 break
+            start = frame.end()
+            end = start + int(length)
             if end + 2 > size:
                 return pos, True
             try:
-                entry[1](subject, data[eol + 2 : end], None)
+                entry[1](subject, data[start:end], None)
             except Exception:  # an escape would end nats-py's read loop, silently
                 log.exception("handling a message on %s failed", subject.decode(errors="replace"))
             pos = end + 2
