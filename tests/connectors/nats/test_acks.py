@@ -1,0 +1,48 @@
+"""AckPublisher._on_ack on the acks JetStream writes, read straight from the wire; no servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from connectors.nats.natspy import WalflowClient
+from connectors.nats.publisher import AckPublisher, NoStreamError, _InFlight
+from core.events import Message
+
+MESSAGE = Message("public", "orders", "insert", b"{}", "id-1", 0.0)
+
+
+def _ack(data: bytes, headers: bytes | None = None) -> _InFlight:
+    publisher = AckPublisher(WalflowClient(), subject_prefix="p", database="d", window=8, ack_timeout=5.0, label="t")
+    entry = _InFlight(MESSAGE, publisher.subject(MESSAGE), 0.0, 0)
+    publisher._waiting[3] = entry
+    publisher._on_ack(publisher._reply_prefix + b"3", data, headers)
+    assert 3 not in publisher._waiting
+    return entry
+
+
+@pytest.mark.parametrize(("data", "seq"), [
+    (b'{"stream":"WALFLOW","seq":12}', 12),
+    (b'{"stream":"WALFLOW","seq":12,"duplicate":true}', 12),
+    (b'{"stream":"WALFLOW","domain":"hub","seq":9007199254740993}', 9007199254740993),
+    (b'{"stream": "WALFLOW", "seq": 7 }\r\n', 7),
+    (b'{"stream":"error","seq":4}', 4),  # a stream named "error" is no error
+])
+def test_an_ack_gives_its_sequence(data: bytes, seq: int) -> None:
+    entry = _ack(data)
+    assert (entry.seq, entry.error) == (seq, None)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"W","seq":5}',
+    b'{"stream":"W"}',
+    b'{"stream":"W","seq":"x"}',
+    b"",
+])
+def test_an_ack_without_a_sequence_or_with_an_error_fails_the_message(data: bytes) -> None:
+    entry = _ack(data)
+    assert entry.seq == 0
+    assert entry.error is not None
+
+
+def test_no_responders_is_no_stream() -> None:
+    assert isinstance(_ack(b"", b"NATS/1.0 503\r\n\r\n").error, NoStreamError)
