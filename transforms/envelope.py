@@ -230,7 +230,7 @@ class Envelope:
             idx,
             key,
             _dumps(change.pks),
-            self._annotations(change.annotations),
+            b"null" if (annotations := change.annotations) is None else self._annotations(annotations),
             self._tail,
         )
         # tuple.__new__: Message's generated __new__ is a Python call of its own, per change
@@ -260,11 +260,10 @@ class Envelope:
             cached = self._last_ts = (ts, rendered, ts.timestamp())
         return cached
 
-    def _annotations(self, text: bytes | None) -> bytes:
-        """The transaction's annotations as compact JSON; ``null`` if none or not JSON (one
-        warning per text: Sequin too publishes ``null`` and reports it)."""
-        if text is None:
-            return b"null"
+    def _annotations(self, text: bytes) -> bytes:
+        """The transaction's annotations as compact JSON (none: ``null``, decided by the caller
+        without a call per change); ``null`` if not JSON (one warning per text: Sequin too
+        publishes ``null`` and reports it)."""
         last, rendered = self._last_annotations
         if text is not last and text != last:
             try:  # json, not orjson: integers beyond 64 bits stay exact, as in Jason (once per transaction)
