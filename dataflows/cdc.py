@@ -105,8 +105,7 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
     changes = op.input("postgres", flow, source)
     for name, publish in publishers.items():
         step = _step(name)
-        dispatch = Dispatch(publish.sink, runtime.metrics, serialize=not publishing)
-        routed = op.flat_map_batch(f"{step}_dispatch", changes, dispatch.route)
+        routed = op.flat_map_batch(f"{step}_dispatch", changes, Dispatch(publish.sink, runtime.metrics).route)
         op.output(f"{step}_publish", routed, publish)
     return flow
 

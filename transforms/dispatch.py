@@ -31,7 +31,6 @@ partition is rebuilt empty and every version described again before its first ch
 
 from __future__ import annotations
 
-import pickle
 from typing import Final
 from zlib import adler32
 
@@ -55,13 +54,7 @@ MAX_VERSIONS: Final = 1024
 class Dispatch:
     """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, items)`` pairs."""
 
-    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS,
-                 serialize: bool = False) -> None:
-        """``serialize``: every partition is in another process (this one reads a slot and
-        publishes nothing, ``dataflows/engine.py``): send each list pickled, once, as bytes —
-        Bytewax pickles what crosses twice (once to size it, once to send it), bytes cost it
-        nothing."""
-        self._serialize = serialize
+    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS) -> None:
         self._filter = SinkFilter(sink, metrics)
         self._key = GroupKey(sink)
         self._keys = tuple(str(i) for i in range(sink.partition_count))
@@ -72,7 +65,7 @@ class Dispatch:
         #: lineage → the uid of its current version.
         self._current: dict[_Lineage, int] = {}
 
-    def route(self, changes: list[RawChange]) -> list[tuple[str, list[Item] | bytes]]:
+    def route(self, changes: list[RawChange]) -> list[tuple[str, list[Item]]]:
         """A batch's items, one list per partition it touches, each in the batch's order."""
         out: dict[int, list[Item]] = {}
         key, sent = self._key, self._sent
@@ -90,8 +83,6 @@ class Dispatch:
                 items.append((DESCRIBE, table))
             items.append(pack(change))
         keys = self._keys
-        if self._serialize:
-            return [(keys[partition], pickle.dumps(items, protocol=5)) for partition, items in out.items()]
         return [(keys[partition], items) for partition, items in out.items()]
 
     def _new_version(self, change: RawChange, out: dict[int, list[Item]]) -> set[int]:

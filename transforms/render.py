@@ -10,8 +10,6 @@ them (``core/wire.py``): table descriptions, changes, forgotten versions.
 
 from __future__ import annotations
 
-import pickle
-
 from config.schema import DatabaseConfig, SinkConfig
 from core.events import Message, ReadOf, Table
 from core.wire import DESCRIBE, Item, commit_time
@@ -27,13 +25,11 @@ class Render:
         #: uid → the table version it names, as described on this partition.
         self._tables: dict[int, Table] = {}
 
-    def __call__(self, batches: list[list[Item] | bytes]) -> list[Message]:
-        """The messages of ``batches`` (each a dispatch step's list for this partition, or
-        that list pickled), in order."""
+    def __call__(self, batches: list[list[Item]]) -> list[Message]:
+        """The messages of ``batches`` (each a dispatch step's list for this partition), in order."""
         out: list[Message] = []
         envelope, tables = self._envelope, self._tables
-        for batch in batches:
-            items: list[Item] = pickle.loads(batch) if type(batch) is bytes else batch  # type: ignore[assignment]
+        for items in batches:
             for item in items:
                 head = item[0]
                 if type(head) is int:

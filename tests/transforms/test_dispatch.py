@@ -41,19 +41,12 @@ def change(table: Table, row_id: int, action: Any = "insert", idx: int = 0, read
     return RawChange(action, table, new, None, False, 100 + row_id, idx, TS, 9, read)
 
 
-Routed = list[tuple[str, list[Item] | bytes]]
-
-
-def flat(routed: Routed) -> list[tuple[str, Item]]:
+def flat(routed: list[tuple[str, list[Item]]]) -> list[tuple[str, Item]]:
     """Dispatch's lists as (partition, item) pairs, in order."""
-    out: list[tuple[str, Item]] = []
-    for key, items in routed:
-        listed: list[Item] = pickle.loads(items) if isinstance(items, bytes) else items
-        out += [(key, item) for item in listed]
-    return out
+    return [(key, item) for key, items in routed for item in items]
 
 
-def by_partition(routed: Routed) -> dict[str, list[Item]]:
+def by_partition(routed: list[tuple[str, list[Item]]]) -> dict[str, list[Item]]:
     out: dict[str, list[Item]] = {}
     for key, item in flat(routed):
         out.setdefault(key, []).append(item)
@@ -101,7 +94,7 @@ def test_a_new_version_of_a_relation_forgets_the_old_one_where_it_was_described(
     routed = dispatch.route([change(new, 1)])
     forgets = [(k, item) for k, item in flat(routed) if item[0] == FORGET]
     assert sorted(forgets) == sorted((k, (FORGET, old.uid)) for k in had)
-    for items in by_partition(routed).values():  # on each partition the old version goes before the new arrives
+    for _, items in routed:  # on each partition, the old version is forgotten before the new one arrives
         kinds = [item[0] for item in items]
         assert DESCRIBE not in kinds or kinds.index(FORGET) < kinds.index(DESCRIBE)
 
@@ -115,8 +108,8 @@ def test_a_backfills_table_does_not_supersede_the_streams() -> None:
     assert [item[0] for _, item in routed] == [DESCRIBE, stream.uid, DESCRIBE, chunk.uid, stream.uid]
 
 
-@pytest.mark.parametrize("crossing", [False, True, "serialized"], ids=["same process", "pickled", "serialized"])
-def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing: bool | str) -> None:
+@pytest.mark.parametrize("crossing", [False, True], ids=["same process", "pickled"])
+def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing: bool) -> None:
     table = typed_table()
     sink, db = make_sink(partition_count=2), make_database()
     changes = [change(table, i, idx=i) for i in range(6)] + [change(table, 3, "delete", idx=9)]
@@ -124,12 +117,7 @@ def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing:
     envelope = Envelope(sink, db)
     expected = {c.commit_lsn * 100 + c.commit_idx: envelope(convert(c)) for c in changes}
     published = []
-    if crossing == "serialized":  # dispatch pickles each list itself
-        routed = Dispatch(sink, serialize=True).route(changes)
-        assert all(type(batch) is bytes for _, batch in routed)
-        for _, batch in routed:
-            published += Render(sink, db)([pickle.loads(pickle.dumps(batch))])
-    for items in by_partition(Dispatch(sink).route(changes)).values() if crossing != "serialized" else ():
+    for items in by_partition(Dispatch(sink).route(changes)).values():
         if crossing:
             items = [pickle.loads(pickle.dumps(item)) for item in items]
         published += Render(sink, db)([items])
