@@ -171,8 +171,9 @@ class Metrics:
         # -- changes --------------------------------------------------------------------
         self.changes_received = Counter(
             "walflow_changes_received_total",
-            "Row changes decoded from the replication slot (truncates included), by table (schema.table) and action.",
-            ["table", "action"], registry=r)
+            "Row changes decoded from a replication slot (truncates included), by slot, table (schema.table) and "
+            "action.",
+            ["slot", "table", "action"], registry=r)
         self.changes_filtered = Counter(
             "walflow_changes_filtered_total",
             "Changes from the slot that a sink's filter dropped (its actions, source tables; every truncate).",

@@ -45,9 +45,9 @@ log = logging.getLogger("walflow.postgres")
 _IDLE_POLL = 0.005
 
 
-def _received_labels(action: str) -> Callable[[Table], tuple[str, str]]:
-    """``walflow_changes_received_total``'s labels for a table's changes of ``action``."""
-    return lambda table: (table.qualified, action)
+def _received_labels(slot: str, action: str) -> Callable[[Table], tuple[str, str, str]]:
+    """``walflow_changes_received_total``'s labels for a table's changes of ``action`` from ``slot``."""
+    return lambda table: (slot, table.qualified, action)
 
 
 class SourceState(TypedDict, total=False):
@@ -101,7 +101,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._received: list[CounterBatch[Table]] = []
         self._received_by_action: dict[str, defaultdict[Table, int]] = {}
         for action in get_args(Action):
-            batch: CounterBatch[Table] = CounterBatch(metrics.changes_received, _received_labels(action))
+            batch: CounterBatch[Table] = CounterBatch(metrics.changes_received,
+                                                           _received_labels(reader.db.slot.name, action))
             self._received.append(batch)
             self._received_by_action[action] = batch.counts
         metrics.track_bound("epoch_budget", lambda: self._epoch_bytes, epoch_budget)

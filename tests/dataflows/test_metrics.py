@@ -98,8 +98,10 @@ def test_counters_read_exactly_the_workload_and_the_slot_gauges_follow_the_slot(
                  what="the reconnect to be counted", check=lambda: assert_running(proc))
         reconnects = _by(_scrape(port)["walflow_reconnects_total"], "component", "cause")
 
-    assert _by(metrics["walflow_changes_received_total"], "table", "action") == {
-        ("public.t1", "insert"): 7, ("public.t2", "update"): 3, ("public.t1", "delete"): 2, ("public.t3", "insert"): 4,
+    assert _by(metrics["walflow_changes_received_total"], "slot", "table", "action") == {
+        (tables.names.slot, table, action): n
+        for (table, action), n in {("public.t1", "insert"): 7, ("public.t2", "update"): 3, ("public.t1", "delete"): 2,
+                                   ("public.t3", "insert"): 4}.items()
     }
     assert _by(metrics["walflow_changes_filtered_total"], "sink", "table", "action") == {
         ("everything", "public.t3", "insert"): 4,
