@@ -43,7 +43,15 @@ def test_heartbeats_move_an_idle_slot_and_readiness_follows_replication(
         wait_for(lambda: _ready(port)[0] == 200 and bool(_ready(port)[1]["slots"]), timeout=60, what="readiness",
                  check=lambda: assert_running(proc))
         (slot,) = _ready(port)[1]["slots"]
-        assert slot["slot"] == names.slot and slot["connected"] and slot["heartbeat_rtt_ms"] < 1000
+        assert slot["slot"] == names.slot
+
+        def heartbeat_round_trips() -> bool:
+            # the first round trip may include the pipeline's own startup on a busy machine
+            (slot,) = _ready(port)[1]["slots"]
+            return bool(slot["connected"]) and (slot["heartbeat_rtt_ms"] or 10**9) < 1000
+
+        wait_for(heartbeat_round_trips, timeout=30, what="a heartbeat round trip under 1 s",
+                 check=lambda: assert_running(proc))
         first = _confirmed(database)
         wait_for(lambda: _confirmed(database) > first, timeout=30, what="heartbeats to move the idle slot")
         pg.stop()
