@@ -13,7 +13,7 @@ import yaml
 
 from embedded._process import free_port, wait_for
 from tests.harness import Database, Nats, Postgres, TestNames, slot_confirmed
-from tests.pipeline import assert_running, pipeline, stored, write_config
+from tests.pipeline import assert_running, fatal_line, pipeline, run_to_exit, stored, write_config
 
 ROWS = 300
 
@@ -106,3 +106,17 @@ def test_walflow_database_narrows_the_flow_to_one_database(
     assert f"streaming slot {database.names.slot}" not in log
     events = stored(nats_srv.url, names.stream)
     assert len(events) == 2 * ROWS and {e.event["metadata"]["database_name"] for e in events} == {"crm"}
+
+
+def test_two_databases_of_one_flow_with_one_slot_name_are_refused_with_the_fix(
+    tmp_path: Path, database: Database, crm: Database, nats_srv: Nats, names: TestNames
+) -> None:
+    """A flow keys each slot's position by its name: two databases whose slots share one
+    (each on its own server, say) cannot be told apart, so the flow refuses to start."""
+    config = _two_databases(tmp_path, database, crm, nats_srv, names)
+    doc: dict[str, Any] = yaml.safe_load(config.read_text())
+    doc["databases"][1]["slot"]["name"] = doc["databases"][0]["slot"]["name"]
+    config.write_text(yaml.safe_dump(doc))
+    done = run_to_exit(config)
+    assert fatal_line(done) == "walflow: invalid walflow config databases:"
+    assert "both name their slot" in done.stderr and "WALFLOW_DATABASE=<name>" in done.stderr, done.stderr
