@@ -241,9 +241,13 @@ def _is_list_of_sections(annotation: Any) -> bool:
     return typing.get_origin(annotation) is list and bool(_sections(annotation))
 
 
-def sections(model: type[Section] = Config, path: str = "", tag: str | None = None) -> Iterator[_Section]:
-    """Every section of the file, parents first, in the order of the schema's fields."""
+def sections(model: type[Section] = Config, path: str = "", tag: str | None = None,
+             within: tuple[type[Section], ...] = ()) -> Iterator[_Section]:
+    """Every section of the file, parents first, in the order of the schema's fields; a model
+    inside itself (a condition's ``any:``) once."""
     yield _Section(path, model, tag)
+    if model in within:
+        return
     for name, field in model.model_fields.items():
         child = f"{path}.{name}" if path else name
         if _is_list_of_sections(field.annotation):
@@ -253,7 +257,8 @@ def sections(model: type[Section] = Config, path: str = "", tag: str | None = No
             member_tag = None
             if discriminator is not None:
                 member_tag = str(typing.get_args(member.model_fields[discriminator].annotation)[0])
-            yield from sections(member, child, member_tag)
+            if member not in within and member is not model:
+                yield from sections(member, child, member_tag, (*within, model))
 
 
 @cache

@@ -22,8 +22,6 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     FilePath,
@@ -36,22 +34,24 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
+from config.section import Section
+from config.shaping import (
+    ColumnFilter,
+    Columns,
+    Condition,
+    Enrichment,
+    FilterFunction,
+    FunctionConfig,
+    OnError,
+    Routing,
+    ToastPolicy,
+    Transform,
+    function_spec,
+)
+
 Port = Annotated[int, Field(ge=1, le=65535)]
 Milliseconds = Annotated[int, Field(gt=0)]
 Action = Literal["insert", "update", "delete"]
-
-
-class Section(BaseModel):
-    """Base for every config model: strict about keys, immutable once loaded."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=False)
-
-    #: Sequin keys accepted and dropped with a warning: key -> why walflow does not use it.
-    ignored: ClassVar[Mapping[str, str]] = {}
-    #: Sequin values run as another value, with a warning: key -> {Sequin's value: (walflow's, why)}.
-    replaced: ClassVar[Mapping[str, Mapping[str, tuple[str, str]]]] = {}
-    #: None: an unknown key is an error; else unknown keys are dropped with this reason.
-    unknown_keys: ClassVar[str | None] = None
 
 
 def _refused(problems: Mapping[str, str], data: Any) -> ValidationError:
@@ -262,12 +262,33 @@ class SourceFilter(Section):
     exclude_tables: list[QualifiedTable] | None = None
 
 
+#: A sink's (or table's) function key: the name of one of ``functions:`` (resolved by
+#: :class:`Config` into walflow's form), ``none``, or walflow's form in place.
+NoneWord = Literal["none"]
+
+
 class TableConfig(Section):
-    """Per-table settings (Sequin's ``tables``): the columns that group a row's changes."""
+    """Per-table settings (Sequin's ``tables``): the columns that group a row's changes, and
+    what is published of the table (``config/shaping.py``): a table's keys apply beside, or
+    in place of, the sink's."""
 
     name: QualifiedTable
     #: None: the table's primary key (Sequin's export writes ``[]`` for that).
     group_column_names: list[str] | None = None
+    #: Sequin's column filters: a row is published when all of them hold.
+    filters: list[ColumnFilter] = []
+    #: walflow's conditions on column values: a row is published when all of them hold.
+    where: list[Condition] = []
+    #: A row filter in Python, with the sink's ``filter`` (both must pass).
+    filter: NoneWord | FilterFunction | None = None
+    #: Which columns are published, renamed, masked.
+    columns: Columns | None = None
+    #: Unchanged TOAST values; None: the sink's ``toast``.
+    toast: ToastPolicy | None = None
+    #: In place of the sink's ``routing`` for this table.
+    routing: NoneWord | Routing | None = None
+    #: In place of the sink's ``enrichment`` for this table.
+    enrichment: NoneWord | Enrichment | None = None
 
     @field_validator("group_column_names")
     @classmethod
@@ -370,10 +391,6 @@ class InitialBackfill(Section):
         return self
 
 
-#: Sequin functions are Elixir code that walflow cannot run; only "none" keeps the meaning.
-NoFunction = Literal["none"]
-
-
 #: What ``sequin config export`` writes about a sink's state in Sequin, not its configuration.
 _SEQUIN_BOOKKEEPING = "Sequin's bookkeeping (sequin config export writes it), not configuration"
 
@@ -435,10 +452,26 @@ class SinkConfig(Section):
         Annotated[bool, Tag("bool")] | Annotated[list[InitialBackfill], Tag("list[InitialBackfill]")],
         Discriminator(lambda value: "list[InitialBackfill]" if isinstance(value, list) else "bool"),
     ] = False
-    filter: NoFunction | None = None
-    transform: NoFunction | None = None
-    routing: NoFunction | None = None
-    enrichment: NoFunction | None = None
+    #: A row filter: a function's name, ``none``, or ``{python: module:function}``.
+    filter: NoneWord | FilterFunction | None = None
+    #: The payload: the envelope (None, ``none``), a path of it (``{path: record}``), or ``{python: …}``.
+    transform: NoneWord | Transform | None = None
+    #: Subject and headers: default ``<prefix>.<database>.<schema>.<table>.<action>``.
+    routing: NoneWord | Routing | None = None
+    #: ``metadata.enrichment`` from a SQL query per batch.
+    enrichment: NoneWord | Enrichment | None = None
+    #: Older Sequin form, with ``table``: that table's column filters.
+    filters: list[ColumnFilter] = []
+    #: The payload's shape: Sequin's (``record``, ``changes``, ``action``, ``metadata``) or
+    #: Debezium's (``before``, ``after``, ``op``, ``source``, ``ts_ms``).
+    envelope: Literal["sequin", "debezium"] = "sequin"
+    #: Unchanged TOAST values, for tables that do not say (``tables[].toast``).
+    toast: ToastPolicy = "placeholder"
+    #: When shaping a message fails (see ``config/shaping.py``'s ``OnError``).
+    on_error: OnError = "stop"
+    #: Where ``on_error: dead_letter`` publishes (the placeholders of ``routing.subject``,
+    #: without the row's values); the stream must capture it.
+    dead_letter_subject: str = "{prefix}.{database}.dead_letter"
     destination: Destination
 
     @field_validator("actions")
@@ -462,13 +495,6 @@ class SinkConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("filters"):
-            raise ValueError("column filters (filters:) are not supported yet; filter with source.* and actions")
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
     def _legacy_schema(cls, data: Any) -> Any:
         """Older Sequin configs say ``schema: public`` for every table of a schema: Sequin reads it as
         ``source: {include_schemas: [public]}``, and so does walflow."""
@@ -489,6 +515,8 @@ class SinkConfig(Section):
             raise ValueError("group_column_names at sink level needs table: (or use tables: [{name, group_column_names}])")
         if not self.message_grouping and (self.group_column_names or any(t.group_column_names for t in self.tables)):
             raise ValueError("group columns are set but message_grouping is false: remove one of them")
+        if self.filters and self.table is None:
+            raise ValueError("filters at sink level needs table: (or use tables: [{name, filters}])")
         return self
 
     @property
@@ -566,6 +594,8 @@ class WalflowSettings(Section):
     replication: ReplicationSettings = ReplicationSettings()
     backfill: BackfillSettings = BackfillSettings()
     health: HealthSettings = HealthSettings()
+    #: The key of ``hash`` masks that do not give their own ``secret``: ``${WALFLOW_MASK_SECRET}``.
+    mask_secret: SecretStr | None = None
     #: Recovery partitions made when ``-r DIR`` does not exist yet: at least the most
     #: workers the pipeline will ever run with (Bytewax fixes the count at creation).
     recovery_partitions: int = Field(default=8, ge=1)
@@ -580,14 +610,73 @@ class Config(Section):
         "users": "walflow has no users",
         "api_tokens": "walflow has no API",
         "http_endpoints": "walflow only has NATS sinks",
-        "functions": "walflow does not run Sequin functions",
         "transforms": "walflow does not run Sequin transforms",
         "change_retentions": "walflow does not write change tables",
     }
 
     databases: list[DatabaseConfig] = Field(min_length=1)
+    #: Sequin's functions, which sinks name in filter, transform, routing and enrichment.
+    functions: list[FunctionConfig] = []
     sinks: list[SinkConfig] = Field(min_length=1)
     walflow: WalflowSettings = WalflowSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _functions(cls, data: Any) -> Any:
+        """A sink's (or its table's) ``filter``, ``transform``, ``routing`` and ``enrichment``
+        that name one of ``functions:`` are replaced by that function in walflow's form; an
+        Elixir function is an error that says what to write in Python."""
+        if not isinstance(data, dict) or not isinstance(data.get("sinks"), list):
+            return data
+        functions: dict[str, FunctionConfig] = {}
+        for raw in data.get("functions") or []:
+            try:
+                function = FunctionConfig.model_validate(raw)
+            except ValidationError:
+                return data  # reported where the list itself is validated
+            functions.setdefault(function.name, function)
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        sinks = data["sinks"] = [dict(s) if isinstance(s, dict) else s for s in data["sinks"]]
+        for i, sink in enumerate(sinks):
+            if not isinstance(sink, dict):
+                continue
+            places: list[tuple[tuple[str | int, ...], dict[str, Any]]] = [(("sinks", i), sink)]
+            if isinstance(sink.get("tables"), list):
+                sink["tables"] = [dict(t) if isinstance(t, dict) else t for t in sink["tables"]]
+                places += [(("sinks", i, "tables", j), t) for j, t in enumerate(sink["tables"]) if isinstance(t, dict)]
+            for loc, section in places:
+                for kind in ("filter", "transform", "routing", "enrichment"):
+                    name = section.get(kind)
+                    if not isinstance(name, str) or name == "none" or (kind == "transform" and len(loc) > 2):
+                        continue
+                    function = functions.get(name)
+                    if function is None:
+                        known = ", ".join(sorted(functions)) or "none are defined"
+                        problems.append(((*loc, kind), f"no function named '{name}' in functions: ({known})"))
+                        continue
+                    try:
+                        section[kind] = function_spec(function, kind)
+                    except ValueError as exc:
+                        problems.append(((*loc, kind), str(exc)))
+        if problems:
+            raise ValidationError.from_exception_data("refused", [
+                InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=data)
+                for loc, message in problems
+            ])
+        return data
+
+    @model_validator(mode="after")
+    def _mask_secrets(self) -> Config:
+        if self.walflow.mask_secret is not None:
+            return self
+        for i, sink in enumerate(self.sinks):
+            for j, table in enumerate(sink.tables):
+                for column, mask in (table.columns.mask.items() if table.columns else ()):
+                    if mask.hash and mask.secret is None:
+                        raise ValueError(
+                            f"sinks[{i}].tables[{j}].columns.mask.{column}: a hash needs a secret: set "
+                            "walflow.mask_secret (e.g. ${WALFLOW_MASK_SECRET}) or the mask's secret:")
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Config:

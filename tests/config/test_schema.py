@@ -142,7 +142,7 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         (("host: 127.0.0.1 }", "host: 127.0.0.1, servers: [nats://a:4222] }"),
          "sinks[0].destination: set either host (with port) or servers, exactly one of them"),
         (("database: app\n    destination", "database: app\n    transform: my_fn\n    destination"),
-         "sinks[0].transform: Input should be 'none' (got 'my_fn')"),
+         "sinks[0].transform: no function named 'my_fn' in functions: (none are defined)"),
         (("database: app\n    destination",
           "database: app\n    source: { exclude_tables: [public.] }\n    destination"),
          "sinks[0].source.exclude_tables[0]: 'public.' is not a table name: write schema.table (or table, for "

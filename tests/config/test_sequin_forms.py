@@ -322,9 +322,12 @@ def test_bare_table_names_are_in_public_everywhere() -> None:
         "public.orders", ["public.orders"], ["public.jobs"], "public.orders")
 
 
-def test_column_filters_stay_refused() -> None:
+def test_column_filters_at_sink_level_need_its_table() -> None:
     assert errors_of(sink("    filters: [{ column_name: status, operator: '=', comparison_value: x }]\n")) == [
-        "sinks[0]: column filters (filters:) are not supported yet; filter with source.* and actions"]
+        "sinks[0]: filters at sink level needs table: (or use tables: [{name, filters}])"]
+    config = parse_config(sink("    table: orders\n    filters: [{ column_name: status, operator: IN, "
+                               "comparison_value: [a, b] }]\n"), env={})
+    assert config.sinks[0].filters[0].operator == "in"
 
 
 # -- top level and unknown keys ------------------------------------------------------------------
