@@ -649,13 +649,13 @@ class Config(Section):
                     name = section.get(kind)
                     if not isinstance(name, str) or name == "none" or (kind == "transform" and len(loc) > 2):
                         continue
-                    function = functions.get(name)
-                    if function is None:
+                    found = functions.get(name)
+                    if found is None:
                         known = ", ".join(sorted(functions)) or "none are defined"
                         problems.append(((*loc, kind), f"no function named '{name}' in functions: ({known})"))
                         continue
                     try:
-                        section[kind] = function_spec(function, kind)
+                        section[kind] = function_spec(found, kind)
                     except ValueError as exc:
                         problems.append(((*loc, kind), str(exc)))
         if problems:

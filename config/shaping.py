@@ -85,7 +85,7 @@ class Mask(Section):
     def kind(self) -> Literal["hash", "redact", "truncate", "keep_first", "keep_last"]:
         for name in ("hash", "redact", "truncate", "keep_first", "keep_last"):
             if getattr(self, name) not in (None, False):
-                return name  # type: ignore[return-value]
+                return name
         raise AssertionError("validated: one kind")
 
 

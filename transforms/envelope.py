@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import uuid
 from collections.abc import Callable
@@ -78,6 +77,7 @@ from pydantic_core import to_json
 from config.schema import DatabaseConfig, SinkConfig
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, Message, Row, UnchangedToast
 from core.ids import IdScheme
+from transforms.record import changed_values
 
 log = logging.getLogger("walflow.envelope")
 
@@ -208,7 +208,7 @@ class Envelope:
                 if UNCHANGED_TOAST in new.values():  # REPLICA IDENTITY FULL: the old row has it, detoasted
                     filled = {name: old[name] if value is UNCHANGED_TOAST and name in old else value
                               for name, value in new.items()}
-                record, changes = self._encode(filled), self._encode(self._changes(new, old))
+                record, changes = self._encode(filled), self._encode(changed_values(new, old))
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
@@ -310,33 +310,3 @@ class Envelope:
                     out = dict(row)
                 out[name] = rewrite(value)
         return row if out is None else out
-
-    def _changes(self, new: Row, old: Row) -> Row:
-        """The old values of the columns whose value differs; a TOASTed untouched column is unknown, left out."""
-        return {
-            name: before
-            for name, before in old.items()
-            if (after := new.get(name, UNCHANGED_TOAST)) is not UNCHANGED_TOAST and _differs(before, after)
-        }
-
-
-def _differs(before: Any, after: Any) -> bool:
-    """Whether a column changed, as Sequin compares (Elixir's strict equality): the same type
-    and value, recursively, so ``1`` → ``1.0`` in a jsonb, ``true`` → ``1`` and numeric
-    ``1.0`` → ``1.00`` are changes; NaN stays NaN (Sequin compares the text "NaN")."""
-    return not _same(before, after)
-
-
-def _same(before: Any, after: Any) -> bool:
-    kind = type(before)
-    if kind is not type(after):
-        return False
-    if kind is list:
-        return len(before) == len(after) and all(_same(b, a) for b, a in zip(before, after, strict=True))
-    if kind is dict:
-        return before.keys() == after.keys() and all(_same(value, after[key]) for key, value in before.items())
-    if kind is Decimal:
-        return bool(before.as_tuple() == after.as_tuple())  # digits and scale, as Postgres prints them
-    if kind is float:
-        return before == after or (math.isnan(before) and math.isnan(after))
-    return bool(before == after)
