@@ -19,3 +19,10 @@ class Section(BaseModel):
     replaced: ClassVar[Mapping[str, Mapping[str, tuple[str, str]]]] = {}
     #: None: an unknown key is an error; else unknown keys are dropped with this reason.
     unknown_keys: ClassVar[str | None] = None
+    #: The key that tells this model from the others a key may hold (``subject`` for
+    #: ``routing: {subject: …}`` beside ``routing: {python: …}``): the reference titles its
+    #: section "`routing` (`subject:` form)". None: the only model of its key.
+    form: ClassVar[str | None] = None
+    #: A field mapping names to sections (``mask``) -> what the names are (``column``): the
+    #: reference's path of such a section is ``mask.<column>``.
+    keyed_by: ClassVar[Mapping[str, str]] = {}

@@ -95,6 +95,8 @@ class Columns(Section):
     every subject and header rendered from the row. Row filters see the database's columns as
     they are; transforms and routing see what is published."""
 
+    keyed_by: ClassVar[Mapping[str, str]] = {"mask": "column"}
+
     #: Only these columns (None: every column).
     include: list[str] | None = Field(default=None, min_length=1)
     #: Every column but these.
@@ -128,19 +130,28 @@ class Condition(Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=False, populate_by_name=True)
 
+    #: The column tested (its name in the database: filters run before ``columns`` renames).
     column: str | None = None
     #: Test the row before the change (an update's old row, when Postgres sent it: REPLICA
     #: IDENTITY FULL; a delete's row), not after it. Without an old row the condition is false.
     old: bool = False
     #: A key inside a JSON column's value, dot-separated (``address.city``).
     path: str | None = None
+    #: The value equals this one.
     eq: Any = None
+    #: The value differs from this one.
     ne: Any = None
+    #: The value is greater than this one.
     gt: Any = None
+    #: The value is greater than or equal to this one.
     gte: Any = None
+    #: The value is less than this one.
     lt: Any = None
+    #: The value is less than or equal to this one.
     lte: Any = None
+    #: The value is one of these.
     in_: list[Any] | None = Field(default=None, alias="in")
+    #: The value is none of these.
     not_in: list[Any] | None = None
     #: true: the value is NULL; false: it is not.
     is_null: bool | None = None
@@ -182,11 +193,17 @@ class ColumnFilter(Section):
     """Sequin's column filter (``filters:``), evaluated as Sequin does: on the new row, a
     delete's on the old row; ``field_path`` reaches into a JSON column."""
 
+    #: The column tested (its name in the database).
     column_name: str
+    #: How the value is compared with ``comparison_value`` (``in``/``not in`` against a list;
+    #: the null tests take no ``comparison_value``); any case.
     operator: Literal["=", "==", "!=", ">", "<", ">=", "<=", "in", "not in", "not_in", "is null", "is_null",
                       "not null", "is not null", "not_null", "is_not_null"]
+    #: The value the column's value is compared with.
     comparison_value: Any = None
+    #: A key inside a JSON column's value, dot-separated (``address.city``).
     field_path: str | None = None
+    #: With ``field_path``: the type the JSON value is compared as (``cistring``: text, ignoring case).
     field_type: Literal["string", "cistring", "number", "boolean", "datetime", "list"] | None = None
 
     @field_validator("operator", mode="before")
@@ -202,6 +219,10 @@ class PythonFunction(Section):
     """A Python callable, by import path: ``python: module:function``, called as Sequin calls
     its functions: ``f(action, record, changes, metadata)``."""
 
+    form: ClassVar[str | None] = "python"
+
+    #: The callable, ``module:function``: the module is looked up on Python's path and beside
+    #: the config file, and imported at startup.
     python: ImportPath
 
 
@@ -214,6 +235,9 @@ class PathTransform(Section):
     """Sequin's path transform: the payload is the value at this path of the message
     (``record``, ``record.id``, ``metadata.table_name``, …)."""
 
+    form: ClassVar[str | None] = "path"
+
+    #: ``record``, ``changes``, ``action`` or ``metadata``, then keys inside it, dot-separated.
     path: Annotated[str, Field(pattern=r"^(record|changes|action|metadata)(\.[A-Za-z0-9_\-]+)*$", max_length=2000)]
 
 
@@ -232,6 +256,8 @@ class SubjectRouting(Section):
     ``{schema}``, ``{table}``, ``{action}``, ``{sink}``, ``{record.COLUMN}`` (a published column:
     renamed, masked), ``{record.COLUMN.KEY}`` inside a JSON column, ``{metadata.KEY}``. Each
     value becomes one subject token, escaped as subject names are (README, *Subjects*)."""
+
+    form: ClassVar[str | None] = "subject"
 
     #: Default: ``{prefix}.{database}.{schema}.{table}.{action}``, as Sequin.
     subject: str = "{prefix}.{database}.{schema}.{table}.{action}"
@@ -287,6 +313,7 @@ class Enrichment(Section):
     ``metadata.enrichment`` (null when it returns none). It reads the database as it is when
     it runs, not as it was at the change (Sequin's caveat)."""
 
+    #: The query, with ``$1`` (and ``$2``, … for a composite key) for the batch's primary keys.
     sql: str = Field(min_length=1)
     #: Keys per query at most (a larger batch runs several queries).
     max_keys: int = Field(default=1000, ge=1)
@@ -326,7 +353,9 @@ class FunctionConfig(Section):
         "sink_type": "walflow has NATS sinks only",
     }
 
+    #: What sinks name it by.
     name: str = Field(min_length=1)
+    #: Which key of a sink may name it: ``path`` functions go in ``transform``.
     type: Literal["filter", "transform", "path", "routing", "enrichment"]
     #: Elixir (filter, transform, routing) or SQL (enrichment).
     code: str | None = None
@@ -338,7 +367,9 @@ class FunctionConfig(Section):
     python: ImportPath | None = None
     #: walflow, for ``routing``: a subject template instead of a callable (see ``routing``).
     subject: str | None = None
+    #: walflow, for ``routing``: with ``subject``, header templates (see ``routing``).
     headers: dict[str, str] | None = None
+    #: walflow, for ``routing``: a header carrying the row's primary key (see ``routing``).
     key_header: str | None = None
 
 
