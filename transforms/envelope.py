@@ -58,6 +58,14 @@ sequin``; the same on every replay.
 
 **Ids** of ``consumer`` and ``database`` are the config's ``id`` (a ``sequin config export``
 file has Sequin's), else UUIDs derived from the names: stable across runs and machines.
+
+**Shaped messages** (``transforms/render.py``, when a sink renames, masks, filters, transforms
+or enriches): render shapes ``record``, ``changes`` and ``record_pks`` itself and hands the
+parts to :meth:`Envelope.shaped`, which writes them with the same encoders, head and tail,
+so parts left as they are give ``__call__``'s bytes exactly; :meth:`Envelope.metadata` is the
+same metadata as Python values, for the callables; :meth:`Envelope.encode_value` writes any
+other JSON value (a transform's result, an enrichment row) by the exact encoder's rules. The
+unshaped ``__call__`` stays one inline pass: a sink without shaping pays nothing for these.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 import orjson
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, Message, Row, UnchangedToast
@@ -93,6 +101,13 @@ _ID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/walflo
 _EXACT_TIMESTAMP: Final = re.compile(rb':\d\d:\d\d(?:"|Z"|[+-]|\.\d{5}"|\.\d{6}[+-])')
 _dumps: Final = orjson.dumps
 _new_message: Final = tuple.__new__
+#: The payload around its parts: record, changes, head (:meth:`Envelope._head`), commit
+#: timestamp, commit LSN and index, idempotency key, record_pks, transaction annotations, and
+#: the tail from ``"enrichment"`` to the end.
+_PAYLOAD: Final = (
+    b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",'
+    b'"record_pks":%s,"transaction_annotations":%s,%s'
+)
 
 
 def unix_microseconds(value: datetime) -> int:
@@ -152,6 +167,89 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")  # json.loads accepts NaN and Infinity; Jason does not
 
 
+def _parsed_annotations(text: bytes) -> Any:
+    """A transaction's annotations as Python values; None if not JSON (the payload's
+    :meth:`Envelope._annotations` warns about it)."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError:
+        return None
+
+
+class NotJSON(ValueError):
+    """A value :meth:`Envelope.encode_value` cannot write: ``what`` it is (``"a set"``) and
+    ``where`` in the value (``"['tags'][2]"``; empty for the value itself), so that the caller
+    can say which of its values it was."""
+
+    def __init__(self, what: str, where: str = "") -> None:
+        super().__init__(f"{what}{' at ' + where if where else ''} is not JSON")
+        self.what = what
+        self.where = where
+
+
+def a_type(value: Any) -> str:
+    """``value``'s type with its article, for messages: ``"a set"``, ``"an int"``, ``"a mymodule.Box"``."""
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+
+
+def _copied(value: Any) -> Any:
+    """A JSON value's dicts and lists copied (their scalars are immutable): what a callable may change."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    if kind is list:
+        return [_copied(item) for item in value]
+    return value
+
+
+#: What :func:`_plain` passes as it is, by exact type: to_json writes them as the exact encoder does.
+_PLAIN: Final = frozenset({str, int, float, bool, type(None), date, time, uuid.UUID})
+
+
+def _plain(value: Any, unix: bool) -> Any:
+    """``value`` with what the exact encoder rewrites rewritten (:meth:`Envelope.encode_value`),
+    checked to be JSON on the way; ``unix``: datetimes as Unix microseconds."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        out: dict[str, Any] = {}
+        for name, item in value.items():
+            if type(name) is not str and not isinstance(name, str):
+                raise NotJSON(f"a dict with {a_type(name)} key ({name!r:.40})")
+            try:
+                out[name] = _plain(item, unix)
+            except NotJSON as exc:
+                raise NotJSON(exc.what, f"[{name!r}]{exc.where}") from None
+        return out
+    if kind is list or kind is tuple:
+        items: list[Any] = []
+        for i, item in enumerate(value):
+            try:
+                items.append(_plain(item, unix))
+            except NotJSON as exc:
+                raise NotJSON(exc.what, f"[{i}]{exc.where}") from None
+        return items
+    if kind is Decimal:
+        return _positional(value)
+    if kind is datetime:
+        return unix_microseconds(value) if unix else iso_usec(value)
+    if kind is UnchangedToast:
+        return UNCHANGED_TOAST_MARKER
+    # subclasses: an enum's members, an OrderedDict, a named tuple, a datetime of another library
+    if isinstance(value, datetime):
+        return unix_microseconds(value) if unix else iso_usec(value)
+    if isinstance(value, str | int | float | date | time | uuid.UUID):
+        return value
+    if isinstance(value, dict):
+        return _plain(dict(value), unix)
+    if isinstance(value, list | tuple):
+        return _plain(list(value), unix)
+    raise NotJSON(a_type(value))
+
+
 def derived_id(kind: str, *names: str) -> str:
     """A UUID for a consumer or database that the config gives no ``id``: the same for the
     same names, and distinct names never share one (they are joined as a JSON array)."""
@@ -164,13 +262,17 @@ class Envelope:
     def __init__(self, sink: SinkConfig, database: DatabaseConfig) -> None:
         self._database = database.name
         self._ids = IdScheme(database.name, sink.name, sink.destination.msg_id)
-        consumer = {"id": sink.id or derived_id("consumer", database.name, sink.name), "name": sink.name,
-                    "annotations": sink.annotations}
-        described = {"id": database.id or derived_id("database", database.name), "name": database.name,
-                     "annotations": database.annotations, "database": database.database,
-                     "hostname": database.hostname}
-        #: The end of every payload: what depends on the sink and database only.
-        self._tail = b'"enrichment":null,"consumer":%s,"database":%s}}' % (_json(consumer), _json(described))
+        #: ``metadata.consumer`` and ``metadata.database`` (:meth:`metadata` hands out copies).
+        self._consumer: dict[str, Any] = {
+            "id": sink.id or derived_id("consumer", database.name, sink.name), "name": sink.name,
+            "annotations": sink.annotations}
+        self._described: dict[str, Any] = {
+            "id": database.id or derived_id("database", database.name), "name": database.name,
+            "annotations": database.annotations, "database": database.database, "hostname": database.hostname}
+        #: The end of every payload after its enrichment: what depends on the sink and database only.
+        self._end = b'"consumer":%s,"database":%s}}' % (_json(self._consumer), _json(self._described))
+        #: The end of a payload without enrichment.
+        self._tail = b'"enrichment":null,' + self._end
         #: (schema, table, action) -> the payload text that depends on them only: see _head.
         self._heads: dict[tuple[str, str, str], bytes] = {}
         #: Values the exact encoder rewrites before to_json, by exact type; all others pass untouched.
@@ -186,6 +288,7 @@ class Envelope:
         self._default = _default_unix if unix else _default
         self._options = orjson.OPT_PASSTHROUGH_DATETIME if unix else orjson.OPT_UTC_Z
         self._timestamps = not unix
+        self._unix = unix
         # The changes of one transaction share their commit timestamp and annotations: render
         # each once. One tuple each, replaced whole, so worker threads sharing this step never
         # pair a stale half.
@@ -218,10 +321,7 @@ class Envelope:
         if head is None:
             head = self._head(change.schema, change.table, action)
         _, timestamp, committed = self._commit_time(change.commit_ts)
-        payload = (
-            b'{"record":%s,"changes":%s,%s%s,"commit_lsn":%d,"commit_idx":%d,"idempotency_key":"%s",'
-            b'"record_pks":%s,"transaction_annotations":%s,%s'
-        ) % (
+        payload = _PAYLOAD % (
             record,
             changes,
             head,
@@ -236,6 +336,91 @@ class Envelope:
         # tuple.__new__: Message's generated __new__ is a Python call of its own, per change
         return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
                                       committed if read is None else 0.0))
+
+    def key(self, change: Change) -> bytes:
+        """``change``'s idempotency key (its ``Nats-Msg-Id``), as ASCII: :class:`core.ids.IdScheme`'s
+        id of its position, or of its backfill and row for a read."""
+        read = change.read
+        if read is None:
+            return self._ids.encode(change.commit_lsn, change.commit_idx)
+        return self._ids.encode_read(read.backfill, read.row_key)
+
+    def read_key(self, backfill: str, row_key: str) -> bytes:
+        """The key of the row ``row_key`` read by backfill ``backfill``: for a read whose key
+        columns are masked, render names the row by its masked key (a hashed ``row_key``), so
+        that the id does not carry the value the mask hides."""
+        return self._ids.encode_read(backfill, row_key)
+
+    def shaped(self, change: Change, record: Row, changes: Row | None, pks: tuple[str, ...], key: bytes,
+               enrichment: Any = None) -> bytes:
+        """``change``'s Sequin payload from parts render shaped: ``record`` and ``changes`` as
+        published (columns renamed, masked; ``record`` TOAST-filled by
+        :func:`transforms.record.record_and_changes`, so it is not filled here: an
+        UNCHANGED_TOAST it still holds is written as the marker), ``pks`` as ``record_pks``,
+        ``key`` as ``idempotency_key`` (:meth:`key`, :meth:`read_key`) and ``enrichment`` as
+        ``metadata.enrichment`` (None: null). Written as ``__call__`` writes them: unshaped parts
+        give its payload byte for byte."""
+        action = change.action
+        if action == "truncate":
+            raise ValueError("a truncate has no payload: SinkFilter must drop it before the envelope")
+        head = self._heads.get((change.schema, change.table, action))
+        if head is None:
+            head = self._head(change.schema, change.table, action)
+        annotations = change.annotations
+        return _PAYLOAD % (
+            self._encode(record),
+            b"null" if changes is None else self._encode(changes),
+            head,
+            self._commit_time(change.commit_ts)[1],
+            change.commit_lsn,
+            change.commit_idx,
+            key,
+            _dumps(pks),
+            b"null" if annotations is None else self._annotations(annotations),
+            self._tail if enrichment is None
+            else b'"enrichment":%s,%s' % (self.encode_value(enrichment, iso=True), self._end),
+        )
+
+    def metadata(self, change: Change, pks: tuple[str, ...], key: bytes, enrichment: Any = None) -> dict[str, Any]:
+        """The payload's ``metadata`` as Python values, for the callables (filters, transforms,
+        routing are called ``f(action, record, changes, metadata)``, as Sequin calls its
+        functions): the payload's keys in its order, ``commit_timestamp`` a UTC datetime,
+        ``transaction_annotations`` parsed (None when absent or not JSON). New dicts and lists on
+        every call, ``enrichment`` copied too: a callable may change what it is given."""
+        ts = change.commit_ts
+        annotations = change.annotations
+        return {
+            "database_name": self._database,
+            "table_schema": change.schema,
+            "table_name": change.table,
+            "commit_timestamp": ts if ts.tzinfo is UTC else ts.astimezone(UTC),
+            "commit_lsn": change.commit_lsn,
+            "commit_idx": change.commit_idx,
+            "idempotency_key": key.decode("ascii"),
+            "record_pks": list(pks),
+            "transaction_annotations": None if annotations is None else _parsed_annotations(annotations),
+            "enrichment": _copied(enrichment),
+            "consumer": _copied(self._consumer),
+            "database": _copied(self._described),
+        }
+
+    def encode_value(self, value: Any, *, iso: bool = False) -> bytes:
+        """Any JSON value (a transform's result, an enrichment row) as the exact encoder writes a
+        column's: decimals positional, datetimes with six fractional digits or, under
+        ``timestamp_format: unix_microsecond``, as microseconds since the epoch (``iso``: ISO
+        whatever it says: Sequin converts only ``record`` and ``changes``, so a value from
+        ``metadata`` or an enrichment keeps ISO), UNCHANGED_TOAST as the marker, NaN and the
+        infinities as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; dicts, lists and tuples
+        recursively; dates, times, UUIDs and subclasses of str, int and float (an enum's
+        members) as the exact encoder writes them. Anything else (a set, bytes, an object, a
+        dict key that is not a str, a lone surrogate) raises :class:`NotJSON`, never a str()
+        of it: a transform's value is published as the function meant it, or not at all."""
+        try:
+            return to_json(_plain(value, self._unix and not iso), inf_nan_mode="strings")
+        except PydanticSerializationError as exc:  # what to_json still refuses: text it cannot write as UTF-8
+            raise NotJSON("a string holding a lone surrogate (not Unicode)") from exc
+        except RecursionError:
+            raise NotJSON("a value nested too deep (or holding itself)") from None
 
     def _head(self, schema: str, table: str, action: str) -> bytes:
         """The payload's text that only depends on a table and an action: JSON from

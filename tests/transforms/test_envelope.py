@@ -8,7 +8,9 @@ so that a formatting regression shows.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
+import enum
 import json
 import logging
 import math
@@ -16,7 +18,7 @@ import pickle
 import re
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -28,7 +30,8 @@ from config.schema import DatabaseConfig, SinkConfig
 from core.events import UNCHANGED_TOAST, Action, Change, Message, ReadOf, Row
 from core.ids import IdScheme
 from tests.transforms.samples import TS, TS_US, make_database, make_sink
-from transforms.envelope import Envelope, derived_id, iso_usec
+from transforms.envelope import Envelope, NotJSON, derived_id, iso_usec
+from transforms.record import record_and_changes
 
 #: The ids ``make_sink()`` and ``make_database()`` get without an ``id``: pinned, since
 #: consumers may store them ("stable across runs and machines", and across versions).
@@ -97,8 +100,10 @@ def test_insert_payload_is_exactly_these_bytes() -> None:
         b'"database":{"id":"' + DATABASE_ID.encode() + b'","name":"app","annotations":{},"database":"app",'
         b'"hostname":"db.internal"}}}'
     )
-    # names, no subject; the commit's Unix time, for commit → ack latency
-    assert message == Message("public", "orders", "insert", message.payload, key, 1796011200.123456)
+    # names, no subject; the commit's Unix time, for commit → ack latency (a Message of its first six
+    # fields only: core.events.Message)
+    assert type(message) is Message
+    assert tuple(message) == ("public", "orders", "insert", message.payload, key, 1796011200.123456)
     assert message.msg_id == key
 
 
@@ -901,3 +906,267 @@ def test_commit_timestamps_are_rendered_as_before(ts: dt.datetime) -> None:
 def test_numerics_are_the_exact_encoders_digits(value: Decimal) -> None:
     step = envelope()
     assert step._encode({"n": value}) == exact(step, {"n": value})
+
+
+# -- shaped messages: the parts render shapes ------------------------------------------------
+
+_TOASTED = {"id": 7, "status": "paid", "body": UNCHANGED_TOAST}
+#: Changes as the envelope meets them: every action, old rows or not, TOAST, reads, annotations.
+SAMPLES: dict[str, Change] = {
+    "insert": make_change(idx=3),
+    "update_full": make_change("update", old=dict(ROW, status="new", amount=Decimal("0.00000001"))),
+    "update_without_old_row": make_change("update"),
+    "update_of_the_key": make_change("update", new={"id": 8, "status": "paid"}, old={"id": 7}, pks=("8",)),
+    "toast_filled": make_change("update", new=_TOASTED, old={"id": 7, "status": "new", "body": "x" * 3000}),
+    "toast_marker": make_change("update", new=_TOASTED),
+    "toast_marker_key_change": make_change("update", new=dict(_TOASTED, id=8), old={"id": 7}, pks=("8",)),
+    "delete_default_identity": make_change("delete", old={"id": 7, "status": None, "amount": None}),
+    "delete_full_identity": make_change("delete", old=dict(ROW, at=dt.datetime(2024, 1, 2, 3, 4, 5))),
+    "read": make_change("read", read=ReadOf("app-to-nats", "bf-1", '["7"]'), lsn=900, idx=4),
+    "annotated": make_change(annotations=b'{"user": "yahya", "n": 123456789012345678901234567890}'),
+    "annotations_not_json": make_change(annotations=b"{ invalid json }"),
+    "no_key": make_change(key=(), pks=()),
+    "every_type": make_change(key=("c_smallint",), new=EVERY_TYPE, pks=("32767",)),
+    "other_zone": make_change(ts=dt.datetime(2026, 11, 30, 6, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))),
+}
+SINKS: dict[str, SinkConfig] = {
+    "default": make_sink(),
+    "unix_microsecond": make_sink(timestamp_format="unix_microsecond"),
+    "sequin_ids": make_sink(destination={"type": "nats", "host": "nats", "msg_id": "sequin"}),
+}
+
+
+def shaped_as_is(step: Envelope, change: Change) -> bytes:
+    """``change``'s payload from unshaped parts, as render builds them without shaping."""
+    record, changes = record_and_changes(change)
+    return step.shaped(change, record, changes, change.pks, step.key(change))
+
+
+@pytest.mark.parametrize("sink", SINKS.values(), ids=SINKS.keys())
+@pytest.mark.parametrize("change", SAMPLES.values(), ids=SAMPLES.keys())
+def test_shaped_from_unshaped_parts_is_the_unshaped_payload_byte_for_byte(change: Change, sink: SinkConfig) -> None:
+    step = envelope(sink)
+    message = step(change)
+    assert shaped_as_is(step, change) == message.payload
+    assert step.key(change).decode("ascii") == message.msg_id
+    assert shaped_as_is(envelope(sink), change) == message.payload  # a fresh envelope: no cache decides it
+
+
+@given(row=st.dictionaries(_TEXT, _VALUES.filter(lambda value: not _surrogate(value)), max_size=6),
+       action=st.sampled_from(["insert", "read", "delete", "update"]))
+def test_shaped_from_unshaped_parts_is_the_unshaped_payload_for_any_row(row: Row, action: Action) -> None:
+    change = make_change(action, new=None if action == "delete" else row, old=row if action != "insert" else None,
+                         read=ReadOf("s", "b", "[1]") if action == "read" else None)
+    step = envelope()
+    assert shaped_as_is(step, change) == step(change).payload
+
+
+def test_shaped_writes_the_parts_it_is_given() -> None:
+    step = envelope(make_sink(timestamp_format="unix_microsecond"))
+    change = make_change("update", new=_TOASTED, old={"id": 7, "status": "new", "body": "detoasted"}, pks=("7",))
+    enrichment = {"id": 7, "tier": "gold", "since": dt.datetime(2024, 1, 2, tzinfo=dt.UTC), "limit": Decimal("1E+3")}
+    payload = json.loads(step.shaped(change, {"order_id": 7, "body": UNCHANGED_TOAST}, {"state": "new"}, ("h4sh",),
+                                     step.read_key("bf-1", '["h4sh"]'), enrichment))
+    assert payload["record"] == {"order_id": 7, "body": "unchanged_toast"}  # as given: not filled from the old row
+    assert payload["changes"] == {"state": "new"}
+    metadata = payload["metadata"]
+    assert metadata["record_pks"] == ["h4sh"]
+    assert base64.b64decode(metadata["idempotency_key"]) == b'app/app-to-nats/read/bf-1/["h4sh"]'
+    # Sequin enriches after converting record and changes: the enrichment's timestamps stay ISO
+    assert metadata["enrichment"] == {"id": 7, "tier": "gold", "since": "2024-01-02T00:00:00.000000Z", "limit": "1000"}
+    assert list(payload) == ["record", "changes", "action", "metadata"]
+    assert list(metadata) == list(render(change)["metadata"])
+
+
+def test_shaped_refuses_a_truncate_and_a_non_json_enrichment() -> None:
+    step = envelope()
+    with pytest.raises(ValueError, match="SinkFilter"):
+        step.shaped(make_change("truncate", new={}), {}, None, (), b"k")
+    with pytest.raises(NotJSON, match=r"a set at \['tags'\] is not JSON"):
+        step.shaped(make_change(), dict(ROW), None, ("7",), b"k", {"tags": {"a"}})
+
+
+def test_keys_are_the_messages_ids() -> None:
+    step = envelope()
+    ids = IdScheme("app", "app-to-nats")
+    assert step.key(make_change(lsn=5, idx=2)) == ids.encode(5, 2)
+    read = make_change("read", read=ReadOf("app-to-nats", "bf-1", '["7"]'))
+    assert step.key(read) == ids.encode_read("bf-1", '["7"]') == step.read_key("bf-1", '["7"]')
+    sequin = envelope(SINKS["sequin_ids"])
+    assert sequin.read_key("bf-1", '["x"]') == ids.encode_read("bf-1", '["x"]')  # reads name the sink in both forms
+    assert sequin.key(make_change(lsn=5, idx=2)) == base64.b64encode(b"5:2")
+
+
+# -- metadata for the callables ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sink", SINKS.values(), ids=SINKS.keys())
+@pytest.mark.parametrize("change", SAMPLES.values(), ids=SAMPLES.keys())
+def test_metadata_is_the_payloads_metadata_as_python_values(change: Change, sink: SinkConfig) -> None:
+    step = envelope(sink)
+    metadata = step.metadata(change, change.pks, step.key(change))
+    encoded = json.loads(step.encode_value(metadata, iso=True))
+    assert encoded == json.loads(step(change).payload)["metadata"]
+    assert list(metadata) == list(encoded)  # the payload's keys, in its order
+
+
+def test_metadata_values_are_python_values() -> None:
+    step = envelope(make_sink(id="c-1", annotations={"team": {"name": "billing"}, "tags": ["a"]}),
+                    make_database(id="d-1", annotations={"env": "prod"}, database="app_prod"))
+    east = dt.datetime(2026, 11, 30, 6, 0, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    change = make_change(ts=east, lsn=2**40, idx=3, annotations=b'{"user": "yahya", "n": 2.5}', pks=("7", "x"))
+    metadata = step.metadata(change, ("7", "x"), step.key(change), {"tier": "gold"})
+    assert metadata == {
+        "database_name": "app",
+        "table_schema": "public",
+        "table_name": "orders",
+        "commit_timestamp": dt.datetime(2026, 11, 30, 4, 0, 0, 5, tzinfo=dt.UTC),
+        "commit_lsn": 2**40,
+        "commit_idx": 3,
+        "idempotency_key": _b64(f"app/app-to-nats/{2**40}:3"),
+        "record_pks": ["7", "x"],
+        "transaction_annotations": {"user": "yahya", "n": 2.5},
+        "enrichment": {"tier": "gold"},
+        "consumer": {"id": "c-1", "name": "app-to-nats", "annotations": {"team": {"name": "billing"}, "tags": ["a"]}},
+        "database": {"id": "d-1", "name": "app", "annotations": {"env": "prod"}, "database": "app_prod",
+                     "hostname": "db.internal"},
+    }
+    assert metadata["commit_timestamp"].tzinfo is dt.UTC
+    assert type(metadata["idempotency_key"]) is str and type(metadata["record_pks"]) is list
+
+
+@pytest.mark.parametrize("text", [None, b"{ invalid json }", b'{"a": NaN}', b"\xff"])
+def test_metadata_annotations_absent_or_not_json_are_none(text: bytes | None) -> None:
+    step = envelope()
+    assert step.metadata(make_change(annotations=text), ("7",), b"k")["transaction_annotations"] is None
+
+
+def test_metadata_is_new_on_every_call_so_a_callable_may_change_it() -> None:
+    step = envelope(make_sink(annotations={"team": {"name": "billing"}, "tags": ["a"]}))
+    enrichment = {"tier": "gold", "labels": ["x"]}
+    change = make_change(annotations=b'{"user": "yahya"}')
+    first = step.metadata(change, ("7",), b"k", enrichment)
+    first["consumer"]["annotations"]["team"]["name"] = "changed"
+    first["consumer"]["annotations"]["tags"].append("b")
+    first["database"]["name"] = "changed"
+    first["transaction_annotations"]["user"] = "changed"
+    first["enrichment"]["labels"].append("y")
+    first["record_pks"].append("8")
+    second = step.metadata(change, ("7",), b"k", enrichment)
+    assert second["consumer"]["annotations"] == {"team": {"name": "billing"}, "tags": ["a"]}
+    assert second["database"]["name"] == "app"
+    assert second["transaction_annotations"] == {"user": "yahya"}
+    assert second["enrichment"] == enrichment == {"tier": "gold", "labels": ["x"]}
+    assert second["record_pks"] == ["7"]
+    assert json.loads(step(change).payload)["metadata"]["consumer"]["annotations"]["team"]["name"] == "billing"
+
+
+# -- encode_value: any JSON value, by the exact encoder's rules -------------------------------
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Tier(enum.StrEnum):
+    GOLD = "gold"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Point(NamedTuple):
+    x: int
+    y: Decimal
+
+
+class Stamp(dt.datetime):
+    """A datetime of another library (pendulum's, pandas's are subclasses)."""
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (None, b"null"),
+    (True, b"true"),
+    (2**70, b"1180591620717411303424"),  # exact, as Jason writes big integers
+    (1.5, b"1.5"),
+    ("héllo \"q\"", b'"h\xc3\xa9llo \\"q\\""'),
+    (Decimal("1E-8"), b'"0.00000001"'),
+    (Decimal("NaN"), b'"NaN"'),
+    (float("nan"), b'"NaN"'),
+    ([float("inf"), -math.inf], b'["Infinity","-Infinity"]'),
+    (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), b'"2024-01-02T03:04:05.000000Z"'),
+    (dt.datetime(2024, 1, 2, 3, 4, 5), b'"2024-01-02T03:04:05.000000"'),
+    (dt.datetime(2024, 1, 2, 3, 4, 5, 120000, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))),
+     b'"2024-01-02T03:04:05.120000+05:30"'),
+    (Stamp(2024, 1, 2, tzinfo=dt.UTC), b'"2024-01-02T00:00:00.000000Z"'),
+    (dt.date(2024, 2, 29), b'"2024-02-29"'),
+    (dt.time(1, 2, 3, 4), b'"01:02:03.000004"'),
+    (uuid.UUID(int=5), b'"00000000-0000-0000-0000-000000000005"'),
+    (UNCHANGED_TOAST, b'"unchanged_toast"'),
+    ((1, [Decimal("1.10"), None]), b'[1,["1.10",null]]'),
+    ({"a": {"b": [{"c": Decimal("-0")}]}}, b'{"a":{"b":[{"c":"-0"}]}}'),  # nested dicts too, at any depth
+    (collections.OrderedDict(z=1, a=2), b'{"z":1,"a":2}'),
+    (Point(1, Decimal("2.5")), b'[1,"2.5"]'),
+    ([Tier.GOLD, Level.HIGH], b'["gold",3]'),
+    ({}, b"{}"),
+    ([], b"[]"),
+])
+def test_encode_value_writes_json_values_as_the_exact_encoder(value: Any, text: bytes) -> None:
+    assert envelope().encode_value(value) == text
+
+
+def test_encode_value_follows_timestamp_format_unless_told_iso() -> None:
+    step = envelope(make_sink(timestamp_format="unix_microsecond"))
+    value = {"at": TS, "naive": TS.replace(tzinfo=None), "d": dt.date(2024, 2, 29), "n": Decimal("1E-8")}
+    assert json.loads(step.encode_value(value)) == {"at": TS_US, "naive": TS_US, "d": "2024-02-29", "n": "0.00000001"}
+    assert json.loads(step.encode_value(value, iso=True)) == {
+        "at": "2026-11-30T04:00:00.123456Z", "naive": "2026-11-30T04:00:00.123456", "d": "2024-02-29",
+        "n": "0.00000001"}
+    assert json.loads(envelope().encode_value(value, iso=True)) == json.loads(envelope().encode_value(value))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"a", "b"}, "a set is not JSON"),
+    (b"\x00", "a bytes is not JSON"),
+    (bytearray(b"x"), "a bytearray is not JSON"),
+    (dt.timedelta(seconds=1), "a datetime.timedelta is not JSON"),
+    (Color.RED, "a tests.transforms.test_envelope.Color is not JSON"),
+    (object(), "an object is not JSON"),
+    ({"record": {"tags": [1, frozenset()]}}, r"a frozenset at \['record'\]\['tags'\]\[1\] is not JSON"),
+    ({1: "x"}, r"a dict with an int key \(1\) is not JSON"),
+    ({"a": {None: 1}}, r"a dict with a NoneType key \(None\) at \['a'\] is not JSON"),
+    ([{"x": "\ud800"}], r"a string holding a lone surrogate \(not Unicode\) is not JSON"),
+])
+def test_encode_value_refuses_what_is_not_json_and_names_it(value: Any, message: str) -> None:
+    with pytest.raises(NotJSON, match=message) as caught:
+        envelope().encode_value(value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_encode_value_refuses_a_value_holding_itself() -> None:
+    value: list[Any] = []
+    value.append(value)
+    with pytest.raises(NotJSON, match="nested too deep"):
+        envelope().encode_value(value)
+
+
+@pytest.mark.parametrize("timestamp_format", ["iso8601", "unix_microsecond"])
+@given(row=st.dictionaries(_TEXT, _VALUES.filter(lambda value: not _surrogate(value)), max_size=6))
+def test_encode_value_of_a_row_is_the_rows_encoding(timestamp_format: str, row: Row) -> None:
+    """What the source makes (no bytes, no timedeltas: it loads bytea and intervals otherwise)."""
+    step = envelope(make_sink(timestamp_format=timestamp_format))
+    assert step.encode_value(row) == exact(step, row) == step._encode(row)
+
+
+def _surrogate(value: Any) -> bool:
+    """Whether ``value`` holds a lone surrogate, or is one of the values the source never makes."""
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, bytes | dt.timedelta):
+        return True
+    if isinstance(value, list):
+        return any(_surrogate(item) for item in value)
+    if isinstance(value, dict):
+        return any(_surrogate(key) or _surrogate(item) for key, item in value.items())
+    return False
