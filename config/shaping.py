@@ -203,7 +203,8 @@ class ColumnFilter(Section):
     comparison_value: Any = None
     #: A key inside a JSON column's value, dot-separated (``address.city``).
     field_path: str | None = None
-    #: With ``field_path``: the type the JSON value is compared as (``cistring``: text, ignoring case).
+    #: The type ``comparison_value`` is read as, for ``=`` … ``<=`` (default: the type of the row's value);
+    #: ``cistring``: a text, compared ignoring case.
     field_type: Literal["string", "cistring", "number", "boolean", "datetime", "list"] | None = None
 
     @field_validator("operator", mode="before")
