@@ -9,11 +9,14 @@ the one line (and comment) that adds it:
 - sections and keys by walking :class:`~config.schema.Config`'s models, their types,
   constraints, allowed values and defaults from pydantic's field information;
 - a key's description from ``Field(description=…)`` when given, else from the ``#:``
-  comment above it in the source (the schema's convention, Sphinx's too), else from the
-  ``#:`` comment of the type alias it is declared with (``NoFunction``). The comments are
-  read with :mod:`ast` from the module's source rather than moved into ``Field(…)``:
-  the schema stays as it is written and read, and a comment is found by the line of the
-  field it sits above, which no reformatting of the field itself can break;
+  comment above it in the source (the schema's convention, Sphinx's too), then the ``#:``
+  comment of each type alias it is declared with (``NoneWord``, ``ToastPolicy``). The
+  comments are read with :mod:`ast` from the module's source rather than moved into
+  ``Field(…)``: the schema stays as it is written and read, and a comment is found by the
+  line of the field it sits above, which no reformatting of the field itself can break;
+- a key holding one of several models (``routing: {subject: …}`` or ``{python: …}``) gives
+  a section per model, titled by the model's ``form``; a mapping of models
+  (``columns.mask``) a section at ``mask.<column>``, named by the parent's ``keyed_by``;
 - each model's ``ignored`` and ``replaced`` mappings, the messages of its validators'
   plain ``raise ValueError("…")`` rules, and their docstrings (the other Sequin spellings
   a validator maps);
@@ -21,7 +24,10 @@ the one line (and comment) that adds it:
   loader gives.
 
 The examples (:data:`EXAMPLES`) are the only text written here: each is loaded in place of
-its section of a minimal config, and generation fails if one does not load or warns.
+its section of a minimal config (the whole list, for a section of a list; the whole mapping,
+for one of a mapping), with the example's other keys merged in (a sink beside a
+``functions:`` example, ``walflow.mask_secret`` beside a mask), and generation fails if one
+does not load or warns.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import annotated_types
 import yaml
@@ -69,9 +75,11 @@ BASE: dict[str, Any] = {
 }
 
 #: The environment the examples' references are resolved in.
-_ENV = {"PGPASSWORD": "example", "NATS_PASSWORD": "example"}
+_ENV = {"PGPASSWORD": "example", "NATS_PASSWORD": "example", "WALFLOW_MASK_SECRET": "example",
+        "TAX_ID_MASK_SECRET": "example"}
 
-#: One example per section, as YAML from the top of the file; checked in place of that section of :data:`BASE`.
+#: One example per section (by :attr:`_Section.key`), as YAML from the top of the file; checked in place of
+#: that section of :data:`BASE`, with the example's other keys merged in.
 EXAMPLES: dict[str, str] = {
     "": """\
 databases:
@@ -116,6 +124,35 @@ databases:
 databases:
   - await_database: {timeout_ms: 60000, interval_ms: 5000}
 """,
+    "functions[]": """\
+functions:
+  - name: row-only                 # Sequin's path function, run as it is: transform: row-only
+    type: path                     # publishes the row alone
+    path: record
+  - name: order-totals             # Sequin's enrichment function (SQL), run as it is
+    type: enrichment
+    code: |-
+      SELECT c.id, count(o.id) AS orders, coalesce(sum(o.total), 0) AS lifetime_total
+      FROM customers c LEFT JOIN orders o ON o.customer_id = c.id
+      WHERE c.id = ANY($1)
+      GROUP BY c.id
+  - name: only-vip                 # Sequin's Elixir filter: walflow calls python: instead
+    type: filter
+    code: |-
+      def filter(action, record, changes, metadata) do
+        record["tier"] == "vip"
+      end
+    python: shaping:only_vip       # shaping.py beside this file:
+                                   #   def only_vip(action, record, changes, metadata):
+                                   #       return record["tier"] == "vip"
+sinks:
+  - name: vip-customers
+    database: app
+    source: {include_tables: [public.customers]}
+    filter: only-vip
+    enrichment: order-totals       # metadata.enrichment: {id, orders, lifetime_total}
+    destination: {type: nats, host: nats.internal}
+""",
     "sinks[]": """\
 sinks:
   - name: app-to-nats
@@ -129,7 +166,15 @@ sinks:
       - name: public.order_items
         group_column_names: [order_id]
     initial_backfill: true
+    envelope: debezium             # before, after, op, source, ts_ms (Sequin's: record, changes, action, metadata)
     destination: {type: nats, host: nats.internal}
+  - name: order-events
+    database: app
+    source: {include_tables: [public.orders]}
+    transform: {python: "shaping:order_event"}   # the payload: what order_event(action, record, changes, metadata) returns
+    on_error: dead_letter          # a row order_event fails on: a dead letter in its place, not a stop
+    dead_letter_subject: "{prefix}.{database}.dead_letter.{table}"   # order-events.app.dead_letter.orders
+    destination: {type: nats, host: nats.internal, subject_prefix: order-events}
 """,
     "sinks[].source": """\
 sinks:
@@ -142,7 +187,114 @@ sinks:
   - tables:
       - name: public.order_items
         group_column_names: [order_id]   # all of an order's items in one ordered partition
-      - name: public.customers           # grouped by its primary key
+      - name: public.orders              # grouped by its primary key
+        where:                           # walflow's conditions: all must hold
+          - {column: status, in: [paid, shipped]}
+        filters:                         # and Sequin's column filters: all must hold too
+          - {column_name: total, operator: ">=", comparison_value: 100}
+      - name: public.customers
+        columns:
+          exclude: [password_hash]
+          mask: {ssn: redact, email: hash, card_number: {keep_last: 4}}
+        routing:                         # from the published values: after exclude and mask
+          subject: "{prefix}.{database}.customers.{record.tenant_id}.{action}"
+          key_header: Walflow-Key
+      - name: public.documents
+        toast: old                       # an update that left body alone: the old row's body, else no body
+walflow:
+  mask_secret: ${WALFLOW_MASK_SECRET}    # the key of email's hash
+""",
+    "sinks[].tables[].filters[]": """\
+sinks:
+  - tables:
+      - name: public.orders
+        filters:                         # Sequin's column filters: all must hold
+          - column_name: status
+            operator: "="
+            comparison_value: paid
+          - column_name: total
+            operator: ">="
+            comparison_value: 100
+          - column_name: details         # a jsonb column
+            field_path: shipping.country
+            field_type: string
+            operator: "="
+            comparison_value: NL
+""",
+    "sinks[].tables[].where[]": """\
+sinks:
+  - tables:
+      - name: public.orders
+        where:                                       # all must hold
+          - {column: status, in: [paid, shipped]}
+          - {column: total, gte: 100}
+          - {column: cancelled_at, is_null: true}
+          - any:                                     # one of them
+              - {column: country, eq: NL}
+              - {column: details, path: shipping.country, eq: NL}   # a key inside a jsonb column
+""",
+    "sinks[].tables[].filter (python: form)": """\
+sinks:
+  - tables:
+      - name: public.customers
+        filter: {python: "shaping:only_vip"}   # shaping.py beside this file:
+                                               #   def only_vip(action, record, changes, metadata):
+                                               #       return record["tier"] == "vip"
+""",
+    "sinks[].tables[].columns": """\
+sinks:
+  - tables:
+      - name: public.customers
+        columns:
+          exclude: [password_hash, reset_token]
+          rename: {full_name: name}
+          mask: {ssn: redact, card_number: {keep_last: 4}}
+""",
+    "sinks[].tables[].columns.mask.<column>": """\
+sinks:
+  - tables:
+      - name: public.customers
+        columns:
+          mask:
+            ssn: redact                  # "[redacted]"
+            email: hash                  # HMAC-SHA256 keyed by walflow.mask_secret: still joins and counts
+            card_number: {keep_last: 4}  # ************4242
+            name: {keep_first: 1}        # A**
+            notes: {truncate: 80}
+            tax_id:
+              hash: true
+              secret: ${TAX_ID_MASK_SECRET}   # this column's own key
+walflow:
+  mask_secret: ${WALFLOW_MASK_SECRET}
+""",
+    "sinks[].tables[].routing (subject: form)": """\
+sinks:
+  - tables:
+      - name: public.orders
+        routing:
+          subject: "{prefix}.{database}.orders.{record.tenant_id}.{action}"   # sequin.app.orders.acme.insert
+          headers: {Tenant-Id: "{record.tenant_id}"}
+          key_header: Walflow-Key        # ["42"]: the order's primary key
+""",
+    "sinks[].tables[].routing (python: form)": """\
+sinks:
+  - tables:
+      - name: public.orders
+        # shaping.py beside this file: def route_order(action, record, changes, metadata) returns
+        # {"subject": ..., "headers": {...}}; the subject must be one the sink's stream captures
+        # (<prefix>.<database>.> unless destination.stream.subjects says otherwise)
+        routing: {python: "shaping:route_order", key_header: Walflow-Key}
+""",
+    "sinks[].tables[].enrichment": """\
+sinks:
+  - tables:
+      - name: public.orders
+        enrichment:                      # metadata.enrichment: {id, customer, tier}
+          sql: |-
+            SELECT o.id, c.name AS customer, c.tier
+            FROM orders o JOIN customers c ON c.id = o.customer_id
+            WHERE o.id = ANY($1)
+          timeout_ms: 2000
 """,
     "sinks[].initial_backfill[]": """\
 sinks:
@@ -153,7 +305,57 @@ sinks:
         sort_column: updated_at
         start_position: "2025-01-01T00:00:00Z"
 """,
-    "sinks[].destination": """\
+    "sinks[].filter (python: form)": """\
+sinks:
+  - source: {include_tables: [public.customers]}
+    filter: {python: "shaping:only_vip"}   # shaping.py beside this file:
+                                           #   def only_vip(action, record, changes, metadata):
+                                           #       return record["tier"] == "vip"
+""",
+    "sinks[].transform (path: form)": """\
+sinks:
+  - transform: {path: record}      # the payload: the row alone (no changes, action or metadata)
+""",
+    "sinks[].transform (python: form)": """\
+sinks:
+  - source: {include_tables: [public.orders]}
+    # shaping.py beside this file:
+    #   def order_event(action, record, changes, metadata):
+    #       return {"order": record["id"], "status": record["status"], "event": action}
+    transform: {python: "shaping:order_event"}
+""",
+    "sinks[].routing (subject: form)": """\
+sinks:
+  - routing:                       # every table of this sink has a tenant_id column
+      subject: "{prefix}.{database}.{record.tenant_id}.{table}.{action}"   # sequin.app.acme.orders.insert
+      headers: {Tenant-Id: "{record.tenant_id}", Source-Table: "{schema}.{table}"}
+      key_header: Walflow-Key      # ["42"]: the row's primary key
+""",
+    "sinks[].routing (python: form)": """\
+sinks:
+  # shaping.py beside this file: def route(action, record, changes, metadata) returns
+  # {"subject": ..., "headers": {...}}; the subject must be one the sink's stream captures
+  # (<prefix>.<database>.> unless destination.stream.subjects says otherwise)
+  - routing: {python: "shaping:route", key_header: Walflow-Key}
+""",
+    "sinks[].enrichment": """\
+sinks:
+  - source: {include_tables: [public.orders]}   # the query is the orders table's
+    enrichment:                    # metadata.enrichment: {id, customer, tier}
+      sql: |-
+        SELECT o.id, c.name AS customer, c.tier
+        FROM orders o JOIN customers c ON c.id = o.customer_id
+        WHERE o.id = ANY($1)
+      max_keys: 500
+      timeout_ms: 2000
+""",
+    "sinks[].filters[]": """\
+sinks:
+  - table: public.orders           # Sequin's older one-table sink
+    filters:
+      - {column_name: status, operator: "=", comparison_value: paid}
+""",
+    "sinks[].destination (type: nats)": """\
 sinks:
   - destination:
       type: nats
@@ -179,6 +381,7 @@ walflow:
   log_level: info
   log_format: json
   max_memory_mb: 256
+  mask_secret: ${WALFLOW_MASK_SECRET}
   recovery_partitions: 8
 """,
     "walflow.replication": """\
@@ -202,12 +405,42 @@ walflow:
 """,
 }
 
-#: Sequin keys (or values) walflow refuses, per section: checked by loading each, quoted with the error it gives.
-REFUSED: dict[str, list[tuple[str, Any]]] = {
-    "databases[]": [("primary", {"hostname": "primary.internal"}), ("use_local_tunnel", True)],
+
+class Refusal(NamedTuple):
+    """``key: value`` in a section, which the loader refuses; ``beside``: what else the file
+    needs for the refusal to be the one shown (a function it names), merged into :data:`BASE`."""
+
+    key: str
+    value: Any
+    beside: Mapping[str, Any] | None = None
+
+
+def _function(name: str, kind: str, code: str) -> dict[str, Any]:
+    return {"functions": [{"name": name, "type": kind, "code": code}]}
+
+
+_ELIXIR_FILTER = 'def filter(action, record, changes, metadata) do\n  record["tier"] == "vip"\nend'
+
+#: Keys (or values) walflow refuses, per section (by :attr:`_Section.key`): checked by loading each, quoted with the
+#: error it gives.
+REFUSED: dict[str, list[Refusal]] = {
+    "databases[]": [Refusal("primary", {"hostname": "primary.internal"}), Refusal("use_local_tunnel", True)],
     "sinks[]": [
-        ("filters", [{"column_name": "status", "operator": "=", "comparison_value": "paid"}]),
-        *[(key, "my_function") for key in ("filter", "transform", "routing", "enrichment")],
+        Refusal("filters", [{"column_name": "status", "operator": "=", "comparison_value": "paid"}]),
+        Refusal("filter", "only-vip", _function("only-vip", "filter", _ELIXIR_FILTER)),
+        Refusal("transform", "order-event", _function(
+            "order-event", "transform",
+            'def transform(action, record, changes, metadata) do\n  %{order: record["id"], event: action}\nend')),
+        Refusal("routing", "by-tenant", _function(
+            "by-tenant", "routing",
+            'def route(action, record, changes, metadata) do\n'
+            '  %{subject: "sequin.app.#{record["tenant_id"]}.#{metadata.table_name}"}\nend')),
+        Refusal("enrichment", "order-total", _function(
+            "order-totals", "enrichment", "SELECT id, total FROM orders WHERE id = ANY($1)")),
+        Refusal("transform", "only-vip", _function("only-vip", "filter", _ELIXIR_FILTER)),
+    ],
+    "sinks[].tables[].columns": [
+        Refusal("mask", {"email": "hash"}, {"sinks": [{"tables": [{"name": "public.customers"}]}]}),
     ],
 }
 
@@ -224,13 +457,29 @@ class _Section:
     tag: str | None = None
 
     @property
+    def key(self) -> str:
+        """What :data:`EXAMPLES` and :data:`REFUSED` name the section by: its path, and its tag
+        or form when it has one (``sinks[].routing (subject: form)``)."""
+        if self.tag:
+            return f"{self.path} (type: {self.tag})"
+        return f"{self.path} ({self.model.form}: form)" if self.model.form else self.path
+
+    @property
     def anchor(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", (self.path or "top-level").lower()).strip("-")
+        form = f" {self.model.form} form" if self.model.form and not self.tag else ""
+        return re.sub(r"[^a-z0-9]+", "-", (self.path or "top-level").lower() + form).strip("-")
 
     @property
     def title(self) -> str:
         name = f"`{self.path}`" if self.path else "Top level"
-        return f"{name} (`type: {self.tag}`)" if self.tag else name
+        if self.tag:
+            return f"{name} (`type: {self.tag}`)"
+        return f"{name} (`{self.model.form}:` form)" if self.model.form else name
+
+    @property
+    def depth(self) -> int:
+        """How many sections it is below the top (``mask.<column>`` is one below ``columns``)."""
+        return self.path.count(".") - self.path.count(".<")
 
 
 def _is_list_of_sections(annotation: Any) -> bool:
@@ -241,6 +490,29 @@ def _is_list_of_sections(annotation: Any) -> bool:
     return typing.get_origin(annotation) is list and bool(_sections(annotation))
 
 
+def _mapped_sections(annotation: Any) -> list[type[Section]]:
+    """The Section models that a mapping ``dict[str, X]`` (optional, annotated) holds as values.
+    Not the loader's ``_sections``: it looks for ignored keys in sections, and a mapping's keys are names."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _mapped_sections(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [model for arg in typing.get_args(annotation) for model in _mapped_sections(arg)]
+    if origin is dict:
+        return _sections(typing.get_args(annotation)[1])
+    return []
+
+
+def _placed(model: type[Section], path: str, name: str) -> tuple[str, list[type[Section]]]:
+    """Where ``model``'s (at ``path``) field ``name`` puts the sections it holds, and their models:
+    ``sinks[].tables[]``, ``sinks[].tables[].columns.mask.<column>``."""
+    annotation = model.model_fields[name].annotation
+    child = f"{path}.{name}" if path else name
+    if mapped := _mapped_sections(annotation):
+        return f"{child}.<{model.keyed_by.get(name, 'name')}>", mapped
+    return (f"{child}[]" if _is_list_of_sections(annotation) else child), _sections(annotation)
+
+
 def sections(model: type[Section] = Config, path: str = "", tag: str | None = None,
              within: tuple[type[Section], ...] = ()) -> Iterator[_Section]:
     """Every section of the file, parents first, in the order of the schema's fields; a model
@@ -249,16 +521,25 @@ def sections(model: type[Section] = Config, path: str = "", tag: str | None = No
     if model in within:
         return
     for name, field in model.model_fields.items():
-        child = f"{path}.{name}" if path else name
-        if _is_list_of_sections(field.annotation):
-            child += "[]"
+        child, members = _placed(model, path, name)
         discriminator = field.discriminator if isinstance(field.discriminator, str) else None
-        for member in _sections(field.annotation):
+        for member in members:
             member_tag = None
             if discriminator is not None:
                 member_tag = str(typing.get_args(member.model_fields[discriminator].annotation)[0])
             if member not in within and member is not model:
                 yield from sections(member, child, member_tag, (*within, model))
+
+
+def _links(found: list[_Section], section: _Section, name: str) -> dict[type[Section], str]:
+    """The sections field ``name`` of ``section`` holds, each as a link: the one at the field's
+    place, else (a model inside itself) the model's first section."""
+    child, members = _placed(section.model, section.path, name)
+    out = {}
+    for member in members:
+        here = [s for s in found if s.model is member and s.path == child] or [s for s in found if s.model is member]
+        out[member] = f"section [{here[0].title}](#{here[0].anchor})"
+    return out
 
 
 @cache
@@ -305,22 +586,45 @@ def _annotation_names(model: type[Section]) -> dict[str, list[str]]:
 def description(model: type[Section], name: str) -> str:
     """What the schema says about ``model``'s field ``name`` (see the module's docstring)."""
     field = model.model_fields[name]
-    if field.description:
-        return field.description
     module = sys.modules[model.__module__]
     comments = _comments(module)
-    for owner in model.__mro__:
-        if (owner.__name__, name) in comments:
-            return comments[owner.__name__, name]
-    for alias in _annotation_names(model).get(name, []):
-        if ("", alias) in comments:
-            return comments["", alias]
+    own = field.description or next(
+        (comments[owner.__name__, name] for owner in model.__mro__ if (owner.__name__, name) in comments), "")
+    return " ".join(text for text in [own, *(_alias_comment(module, alias)
+                                             for alias in dict.fromkeys(_annotation_names(model).get(name, [])))]
+                    if text)
+
+
+def _alias_comment(module: types.ModuleType, alias: str) -> str:
+    """The ``#:`` comment of type alias ``alias`` as ``module`` names it, from the module that defines it
+    (``ToastPolicy``, imported into the schema from ``config.shaping``)."""
+    value = getattr(module, alias, None)
+    package = module.__name__.partition(".")[0]
+    for other in [module, *(m for n, m in sorted(sys.modules.items()) if n.startswith(f"{package}.") and m)]:
+        if ("", alias) in _comments(other) and getattr(other, alias, None) is value:
+            return _comments(other)["", alias]
     return ""
 
 
 def _rst(text: str) -> str:
-    """The docstrings' and comments' ``code`` as Markdown's `code`, and Python's None as YAML's null."""
+    """The docstrings' and comments' ``code`` as Markdown's `code` (a Sphinx role's :class:`~a.B` as `B`), and
+    Python's None as YAML's null."""
+    text = re.sub(r":[a-z]+:`~?(?:[\w]+\.)*([^`]+)`", r"`\1`", text)
     return re.sub(r"\bNone\b", "`null`", re.sub(r"``(.+?)``", r"`\1`", text))
+
+
+def _xrefs(text: str, section: _Section, found: list[_Section]) -> str:
+    """A comment's :class:`Model`, of a model with a section, as a link to that section: the one at
+    ``section``'s path (a sibling form), else the model's first."""
+
+    def link(match: re.Match[str]) -> str:
+        named = [s for s in found if s.path and s.model.__name__ == match.group(1).rpartition(".")[2]]
+        if not named:
+            return match.group(0)
+        target = ([s for s in named if s.path == section.path] or named)[0]
+        return f"section [{target.title}](#{target.anchor})"
+
+    return re.sub(r":class:`~?([\w.]+)`", link, text)
 
 
 def _cell(text: str) -> str:
@@ -361,15 +665,16 @@ def _constraints(metadata: list[Any], *, sized: str) -> list[str]:
     return out
 
 
-def type_text(annotation: Any, metadata: list[Any], links: Mapping[type[Section], str]) -> str:
-    """``annotation`` in words: `string`, `integer ≥ 1`, `list of [section](#…)`, `one of …`."""
+def type_text(annotation: Any, metadata: list[Any], links: Mapping[type[Section], str], keys: str | None = None) -> str:
+    """``annotation`` in words: `string`, `integer ≥ 1`, `list of [section](#…)`, `one of …`; ``keys``: what
+    a mapping's keys are (``column name``)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         inner, *extra = typing.get_args(annotation)
-        return type_text(inner, [*extra, *metadata], links)
+        return type_text(inner, [*extra, *metadata], links, keys)
     if origin in (typing.Union, types.UnionType):
         args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        text = " or ".join(type_text(arg, metadata if len(args) == 1 else [], links) for arg in args)
+        text = " or ".join(type_text(arg, metadata if len(args) == 1 else [], links, keys) for arg in args)
         return f"{text}, or null" if len(args) < len(typing.get_args(annotation)) else text
     if origin is Literal:
         values = [f"`{value}`" for value in typing.get_args(annotation)]
@@ -377,10 +682,16 @@ def type_text(annotation: Any, metadata: list[Any], links: Mapping[type[Section]
     if origin is list:
         (item,) = typing.get_args(annotation)
         each = type_text(item, [], links)
-        base = f"list, each {each}" if typing.get_origin(item) is Literal else f"list of {each}"
+        base = ("list" if item is Any else f"list, each {each}" if typing.get_origin(item) is Literal
+                else f"list of {each}")
         sized = "items"
     elif origin is dict:
-        base, sized = "mapping", "keys"
+        key, value = typing.get_args(annotation)
+        sized = "keys"
+        base = ("mapping" if value is Any
+                else f"mapping of {keys or type_text(key, [], links)} to {type_text(value, [], links)}")
+    elif annotation is Any:
+        base, sized = "any value", "characters"
     elif isinstance(annotation, type) and annotation in links:
         return links[annotation]
     elif annotation is SecretStr:
@@ -446,16 +757,27 @@ def _parts(path: str) -> list[str | int]:
     """``sinks[].destination`` as keys and indexes into the file: ``["sinks", 0, "destination"]``."""
     out: list[str | int] = []
     for part in filter(None, path.split(".")):
+        if part.startswith("<"):
+            raise GenerationError(f"'{path}' names no one place in the file: check the mapping that holds it")
         out += [part.removesuffix("[]"), 0] if part.endswith("[]") else [part]
     return out
 
 
-def _with(path: str, value: Any) -> Any:
-    """:data:`BASE` with ``value`` in place of the section at ``path`` (made if missing)."""
+def _merged(base: Any, extra: Any) -> Any:
+    """``base`` with ``extra`` merged in: mappings key by key, lists entry by entry, else ``extra``."""
+    if isinstance(base, dict) and isinstance(extra, dict):
+        return {**base, **{key: _merged(base.get(key), value) for key, value in extra.items()}}
+    if isinstance(base, list) and isinstance(extra, list):
+        return [_merged(b, e) for b, e in zip(base, extra, strict=False)] + base[len(extra):] + extra[len(base):]
+    return copy.deepcopy(extra)
+
+
+def _with(path: str, value: Any, base: Any = None) -> Any:
+    """``base`` (default :data:`BASE`) with ``value`` in place of the section at ``path`` (made if missing)."""
     keys = _parts(path)
     if not keys:
         return copy.deepcopy(value)
-    data = copy.deepcopy(BASE)
+    data = copy.deepcopy(BASE if base is None else base)
     here: Any = data
     for key, below in zip(keys, [*keys[1:], None], strict=True):
         if isinstance(here, list):
@@ -470,8 +792,12 @@ def _with(path: str, value: Any) -> Any:
 
 
 def _section_of(path: str, data: Any) -> Any:
-    """The section at ``path`` in ``data`` (an example written from the top of the file)."""
+    """The section at ``path`` in ``data`` (an example written from the top of the file); None if missing."""
     for part in _parts(path):
+        found = (isinstance(data, list) and isinstance(part, int) and part < len(data)
+                 or isinstance(data, dict) and part in data)
+        if not found:
+            return None
         data = data[part]
     return data
 
@@ -497,25 +823,41 @@ def _load(data: dict[str, Any]) -> list[str]:
     return collect.messages
 
 
-def check_example(path: str) -> None:
-    """The example of section ``path`` loads, in place of that section of :data:`BASE`, without a warning."""
+def _example(section: _Section) -> dict[str, Any]:
+    """The config an example is checked as: :data:`BASE` with the example's keys merged in, and
+    the section's whole list or mapping (``sinks[].tables[]``: ``tables``) the example's."""
+    example = yaml.safe_load(EXAMPLES[section.key])
+    checked = re.sub(r"(\[\]|\.<[^.]+>)$", "", section.path)
+    if _section_of(checked, example) is None:
+        raise GenerationError(f"the example of section '{section.key}' in config/reference.py EXAMPLES does not "
+                              f"hold {checked or 'a file'}")
+    data: dict[str, Any] = _with(checked, _section_of(checked, example), _merged(BASE, example))
+    return data
+
+
+def check_example(section: _Section) -> None:
+    """The example of ``section`` loads, in place of that section of :data:`BASE`, without a warning."""
+    where = f"the example of section '{section.key}' in config/reference.py EXAMPLES"
     try:
-        warnings = _load(_with(path, _section_of(path, yaml.safe_load(EXAMPLES[path]))))
+        warnings = _load(_example(section))
     except ConfigError as exc:
-        raise GenerationError(f"the example of section '{path}' in config/reference.py EXAMPLES does not load: {exc}") from None
+        raise GenerationError(f"{where} does not load: {exc}") from None
     if warnings:
-        raise GenerationError(f"the example of section '{path}' in config/reference.py EXAMPLES warns: {'; '.join(warnings)}")
+        raise GenerationError(f"{where} warns: {'; '.join(warnings)}")
 
 
-def refusal(path: str, key: str, value: Any) -> str:
-    """What the loader says to ``key: value`` in section ``path``."""
+def refusal(path: str, refused: Refusal) -> str:
+    """What the loader says to ``refused`` in section ``path``."""
+    key, value = refused.key, refused.value
+    base = _merged(BASE, refused.beside or {})
     section = re.sub(r"\[\]", "[0]", path)
     where = f"{section}.{key}"
     try:
-        _load(_with(path, {**_section_of(path, BASE), key: value}))
+        _load(_with(path, {**(_section_of(path, base) or {}), key: value}, base))
     except ConfigError as exc:
-        for problem in exc.problems:  # at the key, or at its section by a validator that names the key
-            if problem.startswith(f"{where}: ") or (problem.startswith(f"{section}: ") and key in problem):
+        for problem in exc.problems:  # at the key or below it, or at its section by a validator that names the key
+            if (problem.startswith((f"{where}: ", f"{where}.", f"{where}["))
+                    or (problem.startswith(f"{section}: ") and key in problem)):
                 return problem.partition(": ")[2]
         raise GenerationError(f"{where} is refused, but not by name: {exc}") from None
     raise GenerationError(f"{where}: {value!r} is no longer refused: update config/reference.py REFUSED")
@@ -537,19 +879,23 @@ the top level, where it is ignored with a warning, as Sequin does.
 
 Values may use `${{VAR}}`, `${{VAR:-default}}` and the shell's other forms (the README's
 *Configuration* section has the rules). `[]` in a path marks a list: `databases[]` is each
-entry of `databases:`.
+entry of `databases:`; `<column>` a mapping's keys: `columns.mask.<column>` is each entry of
+`mask:`. A key that takes several forms (`routing: {{subject: …}}` or `routing: {{python: …}}`)
+has a section for each form, titled by the key that tells it apart.
 """
 
 
-def _section_text(section: _Section, links: Mapping[type[Section], str]) -> list[str]:
+def _section_text(section: _Section, found: list[_Section]) -> list[str]:
     model = section.model
     out = [f'<a id="{section.anchor}"></a>', "", f"## {section.title}", ""]
     if model.__doc__:
         out += [" ".join(_rst(inspect.getdoc(model) or "").split()), ""]
     out += ["| key | type | default | |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        kind = type_text(field.annotation, list(field.metadata), links)
-        out.append(f"| `{name}` | {_cell(kind)} | {_cell(default_text(field))} | {_cell(description(model, name))} |")
+        keys = f"{model.keyed_by[name]} name" if name in model.keyed_by else None
+        kind = type_text(field.annotation, list(field.metadata), _links(found, section, name), keys)
+        out.append(f"| `{field.alias or name}` | {_cell(kind)} | {_cell(default_text(field))} "
+                   f"| {_cell(_xrefs(description(model, name), section, found))} |")
     out.append("")
     if rules(model):
         out += ["Rules (each broken one is an error saying so):", ""]
@@ -566,32 +912,34 @@ def _section_text(section: _Section, links: Mapping[type[Section], str]) -> list
                 "|---|---|---|---|"]
         out += [f"| `{key}` | `{value}` | `{runs_as}` | {_cell(why)} |"
                 for key, values in model.replaced.items() for value, (runs_as, why) in values.items()] + [""]
-    if REFUSED.get(section.path):
-        out += ["Sequin keys refused (the file does not load), with walflow's error:", "", "| key | error |",
-                "|---|---|"]
-        for key, value in REFUSED[section.path]:
-            given = yaml.safe_dump({key: value}, default_flow_style=True, width=1_000, sort_keys=False).strip()[1:-1]
-            out.append(f"| `{given}` | {_cell(refusal(section.path, key, value))} |")
+    if REFUSED.get(section.key):
+        out += ["Refused (the file does not load), with walflow's error:", "", "| given | error |", "|---|---|"]
+        for refused in REFUSED[section.key]:
+            given = yaml.safe_dump({refused.key: refused.value}, default_flow_style=True, width=1_000,
+                                   sort_keys=False).strip()[1:-1]
+            out.append(f"| `{given}` | {_cell(refusal(section.path, refused))} |")
         out.append("")
-    if section.path not in EXAMPLES:
-        raise GenerationError(f"section '{section.path}' has no example: add one to config/reference.py EXAMPLES")
-    check_example(section.path)
-    out += ["```yaml", EXAMPLES[section.path].rstrip(), "```", ""]
+    if section.key not in EXAMPLES:
+        raise GenerationError(f"section '{section.key}' has no example: add one to config/reference.py EXAMPLES")
+    check_example(section)
+    out += ["```yaml", EXAMPLES[section.key].rstrip(), "```", ""]
     return out
 
 
 def render() -> str:
     """The whole page, for the schema as it is now."""
     found = list(sections())
-    links = {s.model: f"section [{s.path}](#{s.anchor})" for s in found}
-    known = {s.path for s in found}
-    for path in [*EXAMPLES, *REFUSED]:
-        if path not in known:
-            raise GenerationError(f"config/reference.py names section '{path}', which the schema no longer has")
+    keys = [s.key for s in found]
+    if len(set(keys)) != len(keys):
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        raise GenerationError(f"sections {twice} are found twice: give their models distinct forms (Section.form)")
+    for key in [*EXAMPLES, *REFUSED]:
+        if key not in keys:
+            raise GenerationError(f"config/reference.py names section '{key}', which the schema no longer has")
     out = [_INTRO, "Sections:", ""]
-    out += [f"{'  ' * s.path.count('.')}- [{s.title}](#{s.anchor})" for s in found] + [""]
+    out += [f"{'  ' * s.depth}- [{s.title}](#{s.anchor})" for s in found] + [""]
     for section in found:
-        out += _section_text(section, links)
+        out += _section_text(section, found)
     return "\n".join(out).rstrip() + "\n"
 
 
