@@ -63,8 +63,8 @@ file has Sequin's), else UUIDs derived from the names: stable across runs and ma
 or enriches): render shapes ``record``, ``changes`` and ``record_pks`` itself and hands the
 parts to :meth:`Envelope.shaped`, which writes them with the same encoders, head and tail,
 so parts left as they are give ``__call__``'s bytes exactly; :meth:`Envelope.metadata` is the
-same metadata as Python values, for the callables; :meth:`Envelope.encode_value` writes any
-other JSON value (a transform's result, an enrichment row) by the exact encoder's rules. The
+same metadata as Python values, for the callables; :func:`encode_json` writes any other JSON
+value (a transform's result, an enrichment row) by the exact encoder's rules. The
 unshaped ``__call__`` stays one inline pass: a sink without shaping pays nothing for these.
 """
 
@@ -177,7 +177,7 @@ def _parsed_annotations(text: bytes) -> Any:
 
 
 class NotJSON(ValueError):
-    """A value :meth:`Envelope.encode_value` cannot write: ``what`` it is (``"a set"``) and
+    """A value :func:`encode_json` cannot write: ``what`` it is (``"a set"``) and
     ``where`` in the value (``"['tags'][2]"``; empty for the value itself), so that the caller
     can say which of its values it was."""
 
@@ -209,7 +209,7 @@ _PLAIN: Final = frozenset({str, int, float, bool, type(None), date, time, uuid.U
 
 
 def _plain(value: Any, unix: bool) -> Any:
-    """``value`` with what the exact encoder rewrites rewritten (:meth:`Envelope.encode_value`),
+    """``value`` with what the exact encoder rewrites rewritten (:func:`encode_json`),
     checked to be JSON on the way; ``unix``: datetimes as Unix microseconds."""
     kind = type(value)
     if kind in _PLAIN:
@@ -218,7 +218,7 @@ def _plain(value: Any, unix: bool) -> Any:
         out: dict[str, Any] = {}
         for name, item in value.items():
             if type(name) is not str and not isinstance(name, str):
-                raise NotJSON(f"a dict with {a_type(name)} key ({name!r:.40})")
+                raise NotJSON(f"a dict with {a_type(name)} key")  # not its value: it may be a row's
             try:
                 out[name] = _plain(item, unix)
             except NotJSON as exc:
@@ -248,6 +248,23 @@ def _plain(value: Any, unix: bool) -> Any:
     if isinstance(value, list | tuple):
         return _plain(list(value), unix)
     raise NotJSON(a_type(value))
+
+
+def encode_json(value: Any, unix: bool = False) -> bytes:
+    """Any JSON value (a transform's result, an enrichment row) as the exact encoder writes a
+    column's: decimals positional, datetimes with six fractional digits or, with ``unix``
+    (``timestamp_format: unix_microsecond``), as microseconds since the epoch, UNCHANGED_TOAST
+    as the marker, NaN and the infinities as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; dicts,
+    lists and tuples recursively; dates, times, UUIDs and subclasses of str, int and float (an
+    enum's members) as the exact encoder writes them. Anything else (a set, bytes, an object, a
+    dict key that is not a str, a lone surrogate) raises :class:`NotJSON`, never a str() of it:
+    a transform's value is published as its function meant it, or not at all."""
+    try:
+        return to_json(_plain(value, unix), inf_nan_mode="strings")
+    except PydanticSerializationError as exc:  # what to_json still refuses: text it cannot write as UTF-8
+        raise NotJSON("a string holding a lone surrogate (not Unicode)") from exc
+    except RecursionError:
+        raise NotJSON("a value nested too deep (or holding itself)") from None
 
 
 def derived_id(kind: str, *names: str) -> str:
@@ -299,19 +316,19 @@ class Envelope:
         action = change.action
         changes = b"null"
         if action == "delete":
-            record = self._encode(change.old or {})
+            record = self.encode_row(change.old or {})
         elif action == "insert" or action == "read":
-            record = self._encode(change.new or {})
+            record = self.encode_row(change.new or {})
         elif action == "update":
             new, old = change.new or {}, change.old
             if old is None:
-                record, changes = self._encode(new), b"{}"
+                record, changes = self.encode_row(new), b"{}"
             else:
                 filled = new
                 if UNCHANGED_TOAST in new.values():  # REPLICA IDENTITY FULL: the old row has it, detoasted
                     filled = {name: old[name] if value is UNCHANGED_TOAST and name in old else value
                               for name, value in new.items()}
-                record, changes = self._encode(filled), self._encode(changed_values(new, old))
+                record, changes = self.encode_row(filled), self.encode_row(changed_values(new, old))
         else:
             raise ValueError(f"a {action} has no payload: SinkFilter must drop it before the envelope")
         lsn, idx = change.commit_lsn, change.commit_idx
@@ -368,8 +385,8 @@ class Envelope:
             head = self._head(change.schema, change.table, action)
         annotations = change.annotations
         return _PAYLOAD % (
-            self._encode(record),
-            b"null" if changes is None else self._encode(changes),
+            self.encode_row(record),
+            b"null" if changes is None else self.encode_row(changes),
             head,
             self._commit_time(change.commit_ts)[1],
             change.commit_lsn,
@@ -405,22 +422,10 @@ class Envelope:
         }
 
     def encode_value(self, value: Any, *, iso: bool = False) -> bytes:
-        """Any JSON value (a transform's result, an enrichment row) as the exact encoder writes a
-        column's: decimals positional, datetimes with six fractional digits or, under
-        ``timestamp_format: unix_microsecond``, as microseconds since the epoch (``iso``: ISO
-        whatever it says: Sequin converts only ``record`` and ``changes``, so a value from
-        ``metadata`` or an enrichment keeps ISO), UNCHANGED_TOAST as the marker, NaN and the
-        infinities as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; dicts, lists and tuples
-        recursively; dates, times, UUIDs and subclasses of str, int and float (an enum's
-        members) as the exact encoder writes them. Anything else (a set, bytes, an object, a
-        dict key that is not a str, a lone surrogate) raises :class:`NotJSON`, never a str()
-        of it: a transform's value is published as the function meant it, or not at all."""
-        try:
-            return to_json(_plain(value, self._unix and not iso), inf_nan_mode="strings")
-        except PydanticSerializationError as exc:  # what to_json still refuses: text it cannot write as UTF-8
-            raise NotJSON("a string holding a lone surrogate (not Unicode)") from exc
-        except RecursionError:
-            raise NotJSON("a value nested too deep (or holding itself)") from None
+        """:func:`encode_json` of ``value`` under this sink's ``timestamp_format``; ``iso``: datetimes
+        as ISO whatever it says (Sequin converts only ``record`` and ``changes``: a value from
+        ``metadata`` or an enrichment keeps ISO)."""
+        return encode_json(value, self._unix and not iso)
 
     def _head(self, schema: str, table: str, action: str) -> bytes:
         """The payload's text that only depends on a table and an action: JSON from
@@ -459,8 +464,11 @@ class Envelope:
             self._last_annotations = (text, rendered)
         return rendered
 
-    def _encode(self, row: Row) -> bytes:
-        """``row`` as JSON, by orjson where its bytes are the exact encoder's (the module's docstring)."""
+    def encode_row(self, row: Row) -> bytes:
+        """``row`` (a row of the source's values: ``record``, ``changes``, Debezium's ``before`` and
+        ``after``) as JSON, by orjson where its bytes are the exact encoder's (the module's
+        docstring); a value of a type it does not know is written as its text, as the source
+        loads a value it cannot convert."""
         try:
             out = _dumps(row, default=self._default, option=self._options)
         except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write
