@@ -216,7 +216,11 @@ class Change(NamedTuple):
 class Message(NamedTuple):
     """An envelope's output: the payload and its idempotency id, and the names a sink addresses it by.
 
-    Compact on purpose: items crossing processes are pickled.
+    Compact on purpose: items crossing processes are pickled. ``subject`` and ``headers``
+    are a routed message's (:class:`transforms.route.Router`); a message built by
+    ``tuple.__new__`` of its first six fields only (the envelope's, on the hot path) has
+    neither, not even as defaults: it is published on the default subject, and readers
+    take the two by ``len(message)``, never by attribute.
     """
 
     schema: str
@@ -228,3 +232,8 @@ class Message(NamedTuple):
     #: The commit's time (Unix seconds; 0.0 for a backfill's read): where the sink's commit →
     #: acknowledgement latency starts (``walflow_commit_to_ack_seconds``).
     commit_ts: float = 0.0
+    #: The subject it is published on; None: ``<prefix>.<database>.<schema>.<table>.<action>``,
+    #: which the publisher computes itself (:func:`transforms.route.subject`).
+    subject: bytes | None = None
+    #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
+    headers: bytes = b""

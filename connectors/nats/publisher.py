@@ -20,13 +20,17 @@ JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too 
 bad header) stops the flow with :class:`PermanentPublishError`, a fatal error. This is the
 one place that decides which JetStream errors are retried.
 
-Messages are addressed here: the subject of each is :func:`transforms.route.subject` of its
-names, cached per table and action.
+Messages are addressed here: a routed message carries its subject and extra headers
+(:class:`transforms.route.Router`, which validated them); every other one is published on
+:func:`transforms.route.subject` of its names, cached per table and action.
 
-Metrics (:mod:`core.metrics`): each acknowledgement is counted by its subject and its
-commit → ack latency observed, in plain ints, added to the process's metrics once per
-share of the window acknowledged and at every :meth:`AckPublisher.settle`; retries and
-error acknowledgements are counted as they are handled.
+Metrics (:mod:`core.metrics`): each acknowledgement is counted under its message's sink,
+table and action and its commit → ack latency observed, in plain ints, added to the
+process's metrics once per share of the window acknowledged and at every
+:meth:`AckPublisher.settle`; retries and error acknowledgements are counted as they are
+handled. A message on its default subject is counted by that subject (one bytes key per
+table and action, the cheapest lookup per ack); a routed one by its names, since its
+subject may be its own.
 """
 
 from __future__ import annotations
@@ -81,6 +85,11 @@ class PermanentPublishError(FatalError):
     """JetStream refused a message for a reason that retrying cannot fix."""
 
 
+#: What an acknowledgement is counted under: a default subject, or a routed message's
+#: (schema, table, action) (see the module's docstring).
+_Counted = bytes | tuple[str, str, str]
+
+
 @dataclass(slots=True)
 class _InFlight:
     message: Message
@@ -89,6 +98,10 @@ class _InFlight:
     #: a message stored but unacknowledged has a higher sequence than that.
     first_sent: float
     floor_seq: int
+    #: What its acknowledgement is counted under (:data:`_Counted`).
+    counted: _Counted
+    #: Header lines after ``Nats-Msg-Id`` (:attr:`core.events.Message.headers`).
+    headers: bytes = b""
     seq: int = 0  # the stream sequence, once acknowledged
     error: PublishError | None = None
 
@@ -98,10 +111,11 @@ class _InFlight:
 
 
 #: One ``HPUB`` command, as the NATS protocol spells it: subject, reply subject (the inbox's
-#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` in the
-#: header block, the payload. One format per message: this runs for every message.
-_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n"
-#: The header block's size without the id.
+#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` and the
+#: message's other header lines (none on the default path) in the header block, the payload.
+#: One format per message: this runs for every message.
+_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
+#: The header block's size without the id and the other header lines.
 _HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 
 
@@ -128,10 +142,10 @@ class AckPublisher:
         self._nc = nc
         self._subject_prefix = subject_prefix
         self._database = database
-        #: (schema, table, action) -> subject, encoded: a database has far fewer tables than changes.
+        #: (schema, table, action) -> default subject, encoded: a database has far fewer tables than changes.
         self._subjects: dict[tuple[str, str, str], bytes] = {}
-        #: subject -> (schema.table, action): the labels its acknowledgements are counted under.
-        self._names: dict[bytes, tuple[str, str]] = {}
+        #: default subject -> (schema, table, action): what its acknowledgements are counted under.
+        self._names: dict[bytes, tuple[str, str, str]] = {}
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
         # would store it twice if its ack was lost, so ask the stream what it holds first.
@@ -155,9 +169,8 @@ class AckPublisher:
         metrics = metrics or Metrics()
         self._sink = sink
         self._metrics = metrics
-        self._published: CounterBatch[bytes] = CounterBatch(
-            metrics.changes_published, lambda subject: (sink, *self._names[subject]))
-        self._acked = self._published.counts  # by subject, in _on_ack
+        self._published: CounterBatch[_Counted] = CounterBatch(metrics.changes_published, self._labels)
+        self._acked = self._published.counts  # by _InFlight.counted, in _on_ack
         self._latency = metrics.commit_to_ack.batch(sink)
         self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
         self._window_wait = metrics.backpressure.labels("sink_window")
@@ -170,14 +183,29 @@ class AckPublisher:
         if self._sid is not None:
             await self._nc.unsubscribe_direct(self._sid)
 
-    def subject(self, message: Message) -> bytes:
-        """The subject ``message`` is published on: ``<prefix>.<database>.<schema>.<table>.<action>``."""
-        key = (message.schema, message.table, message.action)
-        found = self._subjects.get(key)
-        if found is None:
-            found = self._subjects[key] = route.subject(self._subject_prefix, self._database, *key).encode()
-            self._names[found] = (f"{message.schema}.{message.table}", message.action)
-        return found
+    def _entry(self, message: Message, first_sent: float, floor_seq: int) -> _InFlight:
+        """``message`` in the window: on its routed subject, else on its default one,
+        ``<prefix>.<database>.<schema>.<table>.<action>``. Runs per message."""
+        key = message[:3]
+        if len(message) > 6:  # built with subject and headers (the envelope's six fields have neither)
+            routed = message[6]
+            if routed is not None:
+                return _InFlight(message, routed, first_sent, floor_seq, key, message[7])
+            headers = message[7]
+        else:
+            headers = b""
+        subject = self._subjects.get(key) or self._default_subject(key)
+        return _InFlight(message, subject, first_sent, floor_seq, subject, headers)
+
+    def _default_subject(self, key: tuple[str, str, str]) -> bytes:
+        subject = self._subjects[key] = route.subject(self._subject_prefix, self._database, *key).encode()
+        self._names[subject] = key
+        return subject
+
+    def _labels(self, counted: _Counted) -> tuple[str, str, str]:
+        """The labels (sink, schema.table, action) of acknowledgements counted under ``counted``."""
+        schema, table, action = self._names[counted] if isinstance(counted, bytes) else counted
+        return self._sink, f"{schema}.{table}", action
 
     async def publish(self, messages: list[Message]) -> None:
         """Send ``messages`` in order, keeping at most ``window`` unacknowledged.
@@ -201,10 +229,8 @@ class AckPublisher:
                 await self._make_room()
                 self._window_wait.inc(time.monotonic() - waiting_since)
                 continue
-            subject_of = self.subject
-            chunk = [
-                _InFlight(message, subject_of(message), now, self.last_seq) for message in messages[sent : sent + room]
-            ]
+            entry, floor = self._entry, self.last_seq
+            chunk = [entry(message, now, floor) for message in messages[sent : sent + room]]
             sent += len(chunk)
             if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
@@ -279,7 +305,8 @@ class AckPublisher:
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            await self._send([_InFlight(old.message, old.subject, old.first_sent, old.floor_seq) for old in failed])
+            await self._send([_InFlight(old.message, old.subject, old.first_sent, old.floor_seq, old.counted, old.headers)
+                              for old in failed])
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
@@ -330,8 +357,8 @@ class AckPublisher:
         for entry in entries:
             message = entry.message
             inflight.append(entry)
-            msg_id, payload = message.msg_id.encode(), message.payload
-            headers = _HEADERS_SIZE + len(msg_id)
+            msg_id, payload, extra = message.msg_id.encode(), message.payload, entry.headers
+            headers = _HEADERS_SIZE + len(msg_id) + len(extra)
             size = headers + len(payload)
             if size > max_payload:  # the server would drop the connection: refuse it here, by name
                 entry.error = PublishError(
@@ -341,7 +368,7 @@ class AckPublisher:
                 break  # nothing after it is sent, nor put in the window
             token += 1
             waiting[token] = entry
-            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
+            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, extra, payload))
         self._token = token
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
@@ -373,7 +400,7 @@ class AckPublisher:
         found = _SEQ.search(data)
         if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
-            self._acked[entry.subject] += 1
+            self._acked[entry.counted] += 1
             if committed := entry.message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)
         else:

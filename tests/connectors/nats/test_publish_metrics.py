@@ -143,3 +143,38 @@ def test_a_nats_outage_counts_a_reconnect_and_the_resends(
     assert _value(metrics, "walflow_reconnects_total", component="nats", cause="eof") == 1  # the server went away
     assert _value(metrics, "walflow_publish_retries_total", sink="orders", reason="disconnected") >= 1
     assert _value(metrics, "walflow_changes_published_total", sink="orders") == 1
+
+
+def test_routed_messages_are_counted_by_their_table_and_action_not_their_subject(
+    nats_srv: Nats, names: TestNames, metrics: Metrics, stream_cleanup: str
+) -> None:
+    """A routed subject is a message's own (one per tenant, or one shared by every table):
+    its acknowledgement counts under the message's table and action, like a default one's."""
+    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
+    prefix = names.subject_prefix
+    dest = NatsDestination.model_validate({
+        "type": "nats", "host": host, "port": int(port), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+        "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.all"]},
+    })
+    client = runtime.run(connect(dest, name="walflow-test", metrics=metrics))
+    try:
+        runtime.run(ensure_stream(client, dest, "app", "app"))
+        publisher = _publisher(client, names, metrics)
+        shared = f"{prefix}.all".encode()
+        messages = [
+            *(_message("t", "insert", i, 0.0) for i in range(3)),  # on the default subject
+            *(Message("public", "t", "insert", b"{}", f"tenant-{i}", 0.0, f"{prefix}.app.tenant.{i}".encode(), b"")
+              for i in range(4)),  # a subject per row
+            *(Message("public", "u", "update", b"{}", f"u-{i}", 0.0, shared, b"X-A: 1\r\n") for i in range(2)),
+            Message("public", "t", "delete", b"{}", "t-shared", 0.0, shared, b""),  # the same subject, another table
+        ]
+        runtime.run(publisher.publish(messages))
+        runtime.run(publisher.settle())
+    finally:
+        runtime.run(client.close())
+    published = "walflow_changes_published_total"
+    assert _value(metrics, published, sink="orders", table="public.t", action="insert") == 7
+    assert _value(metrics, published, sink="orders", table="public.u", action="update") == 2
+    assert _value(metrics, published, sink="orders", table="public.t", action="delete") == 1
+    assert len(publisher._published._children) == 4  # a key per default subject or table and action, not per row
+    assert _value(metrics, published, sink="orders") == 10

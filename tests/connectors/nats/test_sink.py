@@ -11,7 +11,7 @@ import pytest
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, PermanentPublishError, _InFlight
+from connectors.nats.publisher import AckPublisher, PermanentPublishError
 from connectors.nats.replay import ids_since
 from connectors.nats.stream import StreamSetupError, ensure_stream, subject_covers
 from core.errors import FatalError
@@ -239,8 +239,6 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
     runtime.run(publisher.settle())
 
     # as settle() sees messages whose acks never came
-    entries = [
-        _InFlight(m, publisher.subject(m), first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)
-    ]
+    entries = [publisher._entry(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
     kept = runtime.run(publisher._drop_stored(entries))
     assert [e.message.msg_id for e in kept] == [lost_one.msg_id]
