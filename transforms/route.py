@@ -1,24 +1,486 @@
-"""Subjects: ``<prefix>.<database>.<schema>.<table>.<action>``, one NATS token per name.
+"""Subjects and headers: the default subject of a change, and a sink's routing.
 
-Every name is escaped into a token by :func:`core.tokens.subject_token`'s documented,
-reversible rule: only what a token cannot hold is escaped (``.``, ``*``, ``>``, whitespace,
-``%``), so subjects match Sequin's for every name NATS accepts; a consumer recovers any
-name by percent-decoding the token, and distinct names never share a subject. The subject prefix is not escaped: the config
-already restricts it to dot-separated tokens of the safe characters.
+**The default subject** is ``<prefix>.<database>.<schema>.<table>.<action>``, one NATS token
+per name. Every name is escaped into a token by :func:`core.tokens.subject_token`'s
+documented, reversible rule: only what a token cannot hold is escaped (``.``, ``*``, ``>``,
+whitespace, ``%``), so subjects match Sequin's for every name NATS accepts; a consumer
+recovers any name by percent-decoding the token, and distinct names never share a subject.
+The subject prefix is not escaped: the config already restricts it to dot-separated tokens
+of the safe characters. The publisher computes it itself (``connectors/nats/publisher.py``),
+cached per (prefix, database, schema, table, action): a database has far fewer tables than
+changes.
 
-The sink addresses each message by this function (``connectors/nats/publisher.py``).
-Subjects are cached per (prefix, database, schema, table, action): this runs per change,
-and a database has far fewer tables than changes.
+**Routing** (``config/shaping.py``: ``SubjectRouting``, ``RoutingFunction``) gives a message a
+subject and headers of its own; a :class:`Router` renders them per message, for
+``transforms/render.py``:
+
+- A template's placeholders are ``{prefix}``, ``{database}``, ``{schema}``, ``{table}``,
+  ``{action}``, ``{sink}``, ``{record.COLUMN}``, ``{record.COLUMN.KEY…}`` (into a JSON value;
+  a digit key indexes an array) and ``{metadata.KEY…}``; ``{{`` and ``}}`` write a brace. A
+  column name holding ``.`` cannot be named. Templates compile once: an unknown placeholder
+  or a subject that no row could make valid is a :class:`core.errors.FatalError` naming the
+  key. Templates without row placeholders render once per (schema, table, action).
+- **Values**: a text as it is, an integer, numeric (positional, as the payload writes it),
+  finite float, UUID by its text, a boolean as ``true``/``false``. Anything else — null
+  above all — is an error: a row that cannot be routed must not land somewhere by default.
+  In a subject every value (and every name but the prefix) becomes one token by
+  :func:`core.tokens.subject_token`, so a value never adds or removes a token; in a header
+  it is written as it is, but must hold no CR or LF.
+- **A routing function** is called ``fn(action, record, changes, metadata)`` and returns a
+  mapping: ``subject`` (a str, used as it is) and optionally ``headers`` (str → str), nothing
+  else.
+- **Every routed subject** follows NATS's rules for a subject published on: at most
+  :data:`MAX_SUBJECT_BYTES` bytes of UTF-8 (the server reads it in a control line it caps at
+  4 KiB by default and closes the connection over), no whitespace or control character, no
+  empty token, no ``*`` or ``>`` token, no ``$`` at its start (NATS's own ``$JS``, ``$SYS``,
+  ``$KV``…). It must be captured by the sink's stream: JetStream would answer an uncaptured
+  one with "no responders" forever, or, were another stream to capture it, store it where
+  neither the replay scan nor a late re-send looks. With ``msg_id: sequin`` it must also stay
+  under ``<prefix>.<database>.``: Sequin's ids name no sink nor database, and the replay scan
+  tells this sink's messages by those subjects (``connectors/nats/replay.py``).
+- **Headers**: ``Nats-Msg-Id`` is always walflow's: the config refuses ``Nats-*`` names, and
+  a function returning one is an error. ``key_header`` carries ``record_pks`` as a compact
+  JSON array.
+
+A message that cannot be routed raises :class:`RoutingError`: ``render`` applies the sink's
+``on_error`` to it (stop, or its dead letter on :meth:`Router.dead_letter`, which has no row
+to fail on).
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from functools import lru_cache
+from typing import Any, Final
+from uuid import UUID
 
+import orjson
+
+from config.schema import SinkConfig
+from config.shaping import RoutingFunction, SubjectRouting
+from connectors.nats.stream import tokens_cover
+from core.errors import FatalError
+from core.events import UNCHANGED_TOAST, Row
 from core.tokens import subject_token
+
+#: The subject a template writes when it writes Sequin's: such a router leaves the subject to the publisher.
+DEFAULT_SUBJECT: Final = "{prefix}.{database}.{schema}.{table}.{action}"
+#: The longest routed subject, in bytes of UTF-8 (see the module's docstring).
+MAX_SUBJECT_BYTES: Final = 1024
+#: The placeholders, as errors list them.
+PLACEHOLDERS: Final = ("{prefix}", "{database}", "{schema}", "{table}", "{action}", "{sink}", "{record.COLUMN}",
+                       "{record.COLUMN.KEY}", "{metadata.KEY}")
+#: What a message's ``metadata`` is, built only when something asks for it (``transforms/render.py``).
+Metadata = Callable[[], dict[str, Any]]
+#: A routing function, as Sequin calls one: ``(action, record, changes, metadata)``.
+Function = Callable[[str, Row, Row | None, dict[str, Any]], Any]
+
+#: The names a template may hold, in the order of the tuple a template renders them from.
+_NAMES: Final = ("prefix", "database", "schema", "table", "action", "sink")
+#: Their positions known when a router is built (the others are a message's).
+_BUILT: Final = frozenset({0, 1, 5})
+_PART: Final = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# the kinds of a template's parts
+_TEXT: Final = 0
+_NAME: Final = 1
+_RECORD: Final = 2
+_METADATA: Final = 3
+#: What a template renders where a message's value will be, to check it once at build time.
+_SAMPLE: Final = "x"
+
+
+class RoutingError(ValueError):
+    """One message cannot be routed: names the template or function, and what was wrong."""
 
 
 @lru_cache(maxsize=65_536)
 def subject(prefix: str, database: str, schema: str, table: str, action: str) -> str:
     """The subject of one change: ``<prefix>.<database>.<schema>.<table>.<action>``, names escaped."""
     return ".".join((prefix, subject_token(database), subject_token(schema), subject_token(table), subject_token(action)))
+
+
+def subject_problem(subject: str) -> str | None:
+    """Why ``subject`` cannot be published on by NATS's rules (the module's docstring); None if it can."""
+    if not subject:
+        return "it is empty"
+    if " " in subject or not subject.isprintable():  # every other whitespace is not printable
+        return "it holds whitespace or a control character"
+    if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
+        return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+    tokens = subject.split(".")
+    if "" in tokens:
+        return "it has an empty token (a '.' at its start or end, or two in a row)"
+    if "*" in tokens or ">" in tokens:
+        return "it has a wildcard token ('*' or '>'), which cannot be published on"
+    if subject.startswith("$"):
+        return "subjects starting with '$' are NATS's own ($JS, $SYS, $KV, ...)"
+    return None
+
+
+class _Template:
+    """One template, compiled: literal texts and placeholders, rendered from a tuple of names,
+    a record and the metadata. ``escape``: each value becomes one subject token."""
+
+    __slots__ = ("escape", "parts", "per_message", "per_row", "text", "where")
+
+    def __init__(self, text: str, escape: bool, key: str, rows: bool = True) -> None:
+        """``key``: the config key that holds it; ``rows``: whether row placeholders are allowed."""
+        self.text = text
+        self.escape = escape
+        #: How errors name it.
+        self.where = f"{key} '{text}'"
+        parts: list[tuple[int, Any]] = []
+        at = 0
+        for found in _PART.finditer(text):
+            parts.append((_TEXT, text[at : found.start()]))
+            at = found.end()
+            token = found.group(0)
+            if token in ("{{", "}}"):
+                parts.append((_TEXT, token[0]))
+            elif found.group(1) is None:
+                raise FatalError(f"{key}: '{text}' has a lone '{token}' at character {found.start()}: write "
+                                 f"'{token * 2}' for a brace, or a placeholder: {', '.join(PLACEHOLDERS)}")
+            else:
+                parts.append(_placeholder(found.group(1), text, key, rows))
+        parts.append((_TEXT, text[at:]))
+        merged: list[tuple[int, Any]] = []
+        for kind, value in parts:
+            if kind == _TEXT and merged and merged[-1][0] == _TEXT:
+                merged[-1] = (_TEXT, merged[-1][1] + value)
+            elif kind != _TEXT or value:
+                merged.append((kind, value))
+        self.parts = tuple(merged)
+        #: Whether it holds a row's values (else it renders once per table and action).
+        self.per_row = any(kind in (_RECORD, _METADATA) for kind, _ in merged)
+        #: Whether it holds anything a router does not know when it is built.
+        self.per_message = any(kind != _TEXT and not (kind == _NAME and value in _BUILT) for kind, value in merged)
+
+    def render(self, names: tuple[str, ...], record: Row, metadata: Metadata) -> str:
+        """The template with ``names`` (``_NAMES``' order, escaped for a subject), the record's and metadata's values."""
+        out: list[str] = []
+        meta: dict[str, Any] | None = None
+        for kind, value in self.parts:
+            if kind == _TEXT:
+                out.append(value)
+            elif kind == _NAME:
+                out.append(names[value])
+            else:
+                if kind == _RECORD:
+                    found = _lookup(record, value, "record", self.where)
+                else:
+                    if meta is None:
+                        meta = metadata()
+                    found = _lookup(meta, value, "metadata", self.where)
+                text = _text(found, value, "record" if kind == _RECORD else "metadata", self.where)
+                out.append(subject_token(text) if self.escape else text)
+        return "".join(out)
+
+    def sample(self, names: tuple[str, ...]) -> str:
+        """What it renders with the names a router knows when it is built, and :data:`_SAMPLE` for
+        every other one: a message's names and values."""
+        return "".join(value if kind == _TEXT else names[value] if kind == _NAME and value in _BUILT else _SAMPLE
+                       for kind, value in self.parts)
+
+    def lead(self, names: tuple[str, ...]) -> str:
+        """What every subject it renders starts with: its text up to the first part known only per message."""
+        out: list[str] = []
+        for kind, value in self.parts:
+            if kind != _TEXT and not (kind == _NAME and value in _BUILT):
+                break
+            out.append(value if kind == _TEXT else names[value])
+        return "".join(out)
+
+
+def _placeholder(name: str, text: str, key: str, rows: bool) -> tuple[int, Any]:
+    if name in _NAMES:
+        return _NAME, _NAMES.index(name)
+    root, _, rest = name.partition(".")
+    path = tuple(rest.split("."))
+    if root in ("record", "metadata") and rest and all(path):
+        if not rows:
+            raise FatalError(f"{key}: '{text}' holds {{{name}}}, but it may not hold a row's values: use "
+                             "{prefix}, {database}, {sink}, {schema}, {table}, {action}")
+        return (_RECORD if root == "record" else _METADATA), path
+    raise FatalError(f"{key}: '{text}' holds {{{name}}}, which is no placeholder; placeholders: "
+                     f"{', '.join(PLACEHOLDERS)} (write '{{{{' and '}}}}' for a brace)")
+
+
+def _lookup(row: Mapping[str, Any], path: tuple[str, ...], root: str, template: str) -> Any:
+    """The value at ``path`` of ``row`` (``record`` or ``metadata``), into JSON objects and arrays;
+    ``template`` names the template, for the error."""
+    value: Any = row
+    for depth, step in enumerate(path):
+        if isinstance(value, Mapping):
+            if step not in value:
+                column = root == "record" and not depth
+                where = "the published record has no column" if column else (
+                    f"{'.'.join((root, *path[:depth]))} has no key")
+                known = f" (it has {', '.join(map(str, value)) or 'none'})" if len(value) <= 20 else ""
+                raise RoutingError(f"{template}: {{{'.'.join((root, *path))}}}: {where} '{step}'{known}")
+            value = value[step]
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]
+        else:
+            raise RoutingError(f"{template}: {{{'.'.join((root, *path))}}}: {'.'.join((root, *path[:depth]))} is "
+                               f"{_described(value)}, which has no '{step}'")
+    return value
+
+
+def _text(value: Any, path: tuple[str, ...], root: str, template: str) -> str:
+    """A value's text in a subject or header; RoutingError for one that has none (null above all)."""
+    if isinstance(value, str):
+        return value
+    kind = type(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int or kind is UUID:
+        return str(value)
+    if kind is Decimal:
+        return format(value, "f")  # positional, as the payload writes numerics
+    if kind is float and math.isfinite(value):
+        return repr(value)
+    where = f"{template}: {{{'.'.join((root, *path))}}}"
+    if value is None:
+        raise RoutingError(f"{where} is null: a row without the value cannot be routed (give the column a value, "
+                           "or route by another)")
+    if value is UNCHANGED_TOAST:
+        raise RoutingError(f"{where} is a TOASTed value the update did not change, which Postgres did not send "
+                           "(REPLICA IDENTITY FULL sends it)")
+    raise RoutingError(f"{where} is {_described(value)}: only a text, a number, a UUID or a boolean can be routed by")
+
+
+def _described(value: Any) -> str:
+    shown = repr(value)
+    return f"a {type(value).__name__} ({shown if len(shown) <= 60 else shown[:57] + '...'})"
+
+
+class Router:
+    """One routing of one sink (the sink's, or a table's in its place): a message's subject and headers.
+
+    Called per message: ``router(action, schema, table, record, changes, metadata, pks)`` →
+    ``(subject, headers)``, subject None for the default one (the publisher's), headers the
+    lines after ``Nats-Msg-Id`` (:attr:`core.events.Message.headers`). A
+    :class:`RoutingError` when the message cannot be routed.
+    """
+
+    def __init__(self, routing: SubjectRouting | RoutingFunction | None, function: Function | None,
+                 sink: SinkConfig, database: str, stream_subjects: Sequence[str], *, key: str = "routing",
+                 dead_letter_key: str = "dead_letter_subject") -> None:
+        """``function``: ``routing``'s callable, loaded (``transforms/functions.py``); ``database``: its
+        configured name; ``stream_subjects``: what the sink's stream captures
+        (:meth:`connectors.nats.sink.JetStreamSink.stream_subjects`); ``key`` and
+        ``dead_letter_key``: the config keys that errors name (``sinks[0].tables[1].routing``)."""
+        dest = sink.destination
+        prefix, escaped = dest.subject_prefix, subject_token(database)
+        #: The names a template renders, in _NAMES' order: escaped for subjects, as they are for headers.
+        self._names = (prefix, escaped, "", "", "", subject_token(sink.name))
+        self._raw_names = (prefix, database, "", "", "", sink.name)
+        self._stream_subjects = tuple(stream_subjects)
+        self._patterns = [pattern.split(".") for pattern in stream_subjects]
+        #: With Sequin's ids: what every subject must start with.
+        self._inside = f"{prefix}.{escaped}." if dest.msg_id == "sequin" else ""
+        self._function: Function | None = None
+        self._subject: _Template | None = None
+        self._headers: tuple[tuple[str, _Template], ...] = ()
+        self._what = key
+        if isinstance(routing, RoutingFunction):
+            if function is None:
+                raise TypeError(f"{key}: the routing function {routing.python} is not loaded")
+            self._function, self._what = function, f"{key}: routing function {routing.python}"
+        elif routing is not None:
+            if routing.subject != DEFAULT_SUBJECT:
+                self._subject = self._compiled(routing.subject, f"{key}.subject")
+            self._headers = tuple((name, _Template(value, False, f"{key}.headers.{name}"))
+                                  for name, value in routing.headers.items())
+        key_header = None if routing is None else routing.key_header
+        if key_header is not None and key_header.lower() in (name.lower() for name, _ in self._headers):
+            raise FatalError(f"{key}: key_header '{key_header}' is one of headers too: give it once")
+        self._key_header = key_header
+        self._key_line = b"" if key_header is None else f"{key_header}: ".encode()
+        #: Whether the headers hold a row's values (else they render once per table and action).
+        self._row_headers = any(template.per_row for _, template in self._headers)
+        #: (schema, table, action) -> (subject, or None when it holds a row's values or is the default;
+        #: the headers without a row's values; the names as subjects and headers render them).
+        self._static: dict[tuple[str, str, str], tuple[bytes | None, bytes, tuple[str, ...], tuple[str, ...]]] = {}
+        # checked only where it is used: an unused key must not keep the sink from starting
+        self._dead = (self._compiled(sink.dead_letter_subject, dead_letter_key, rows=False)
+                      if sink.on_error == "dead_letter" else _Template(sink.dead_letter_subject, True, dead_letter_key,
+                                                                       rows=False))
+        self._dead_subjects: dict[tuple[str, str, str], bytes] = {}
+
+    def _compiled(self, text: str, key: str, rows: bool = True) -> _Template:
+        """A subject template, checked as far as a router can before any message: its tokens,
+        and what it must start with or be captured by when that does not depend on the message."""
+        template = _Template(text, True, key, rows)
+        sample = template.sample(self._names)
+        problem = subject_problem(sample)
+        if problem is None and not template.per_message:  # its one subject
+            problem = self._rendered_problem(sample)
+        elif problem is None and self._inside:
+            lead = template.lead(self._names)
+            if not (lead.startswith(self._inside) or self._inside.startswith(lead)):
+                problem = self._outside(lead)
+        if problem is not None:
+            raise FatalError(f"{key}: '{text}' cannot be published on: {problem}")
+        return template
+
+    def __call__(self, action: str, schema: str, table: str, record: Row, changes: Row | None, metadata: Metadata,
+                 pks: tuple[str, ...]) -> tuple[bytes | None, bytes]:
+        function = self._function
+        if function is not None:
+            return self._called(function, action, record, changes, metadata, pks)
+        key = (schema, table, action)
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = self._once(schema, table, action)
+        subject, headers, names, raw = static
+        template = self._subject
+        if template is not None and template.per_row:
+            text = template.render(names, record, metadata)
+            problem = self._rendered_problem(text)
+            if problem is not None:
+                raise RoutingError(f"{template.where} gave subject '{text}': {problem}")
+            subject = text.encode()
+        if self._row_headers:
+            headers = self._header_lines(raw, record, metadata)
+        if self._key_header is not None:
+            headers += self._key_line + orjson.dumps(pks) + b"\r\n"
+        return subject, headers
+
+    def _once(self, schema: str, table: str, action: str) -> tuple[bytes | None, bytes, tuple[str, ...], tuple[str, ...]]:
+        """What a table's and action's messages share: the subject and headers without a row's values."""
+        names = (self._names[0], self._names[1], subject_token(schema), subject_token(table), subject_token(action),
+                 self._names[5])
+        raw = (*self._raw_names[:2], schema, table, action, self._raw_names[5])
+        subject: bytes | None = None
+        template = self._subject
+        if template is not None and not template.per_row:
+            text = template.render(names, {}, dict)
+            problem = self._rendered_problem(text)
+            if problem is not None:
+                raise RoutingError(f"{template.where} gave subject '{text}' for {schema}.{table} {action}: {problem}")
+            subject = text.encode()
+        headers = b"" if self._row_headers else self._header_lines(raw, {}, dict)
+        return subject, headers, names, raw
+
+    def _header_lines(self, raw: tuple[str, ...], record: Row, metadata: Metadata) -> bytes:
+        lines: list[str] = []
+        for name, template in self._headers:
+            value = template.render(raw, record, metadata)
+            if "\r" in value or "\n" in value:
+                raise RoutingError(f"{template.where} gave {value!r}: a header value cannot hold a line break")
+            lines.append(f"{name}: {value}\r\n")
+        return _encoded("".join(lines), self._what)
+
+    def _called(self, function: Function, action: str, record: Row, changes: Row | None, metadata: Metadata,
+                pks: tuple[str, ...]) -> tuple[bytes | None, bytes]:
+        what = self._what
+        try:
+            result = function(action, record, changes, metadata())
+        except Exception as exc:
+            raise RoutingError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, Mapping) or set(result) - {"subject", "headers"}:
+            wanted = "a mapping of 'subject' (a str) and, optionally, 'headers' (str -> str), nothing else"
+            raise RoutingError(f"{what} returned {_described(result)}, not {wanted}")
+        subject = result.get("subject")
+        if type(subject) is not str:
+            raise RoutingError(f"{what} returned 'subject' {_described(subject)}, not a str")
+        problem = subject_problem(subject) or self._rendered_problem(subject)
+        if problem is not None:
+            raise RoutingError(f"{what} returned subject '{subject}': {problem}")
+        headers = result.get("headers")
+        if headers is None:
+            headers = {}
+        elif not isinstance(headers, Mapping):
+            raise RoutingError(f"{what} returned 'headers' {_described(headers)}, not a mapping of str to str")
+        lines: list[str] = []
+        for name, value in headers.items():
+            if type(name) is not str or not _HEADER_NAME.fullmatch(name):
+                raise RoutingError(f"{what} returned header name {name!r}: use letters, digits and -")
+            if name.lower().startswith("nats-"):
+                raise RoutingError(f"{what} returned header {name}: Nats-* headers are JetStream's (walflow always "
+                                   "sets Nats-Msg-Id itself)")
+            if self._key_header is not None and name.lower() == self._key_header.lower():
+                raise RoutingError(f"{what} returned header {name}, which is the key_header: leave it to walflow")
+            if type(value) is not str or "\r" in value or "\n" in value:
+                shown = _described(value) if type(value) is not str else f"{value!r}, which holds a line break"
+                raise RoutingError(f"{what} returned header {name} {shown}: a header value is a str of one line")
+            lines.append(f"{name}: {value}\r\n")
+        out = _encoded("".join(lines), what)
+        if self._key_header is not None:
+            out += self._key_line + orjson.dumps(pks) + b"\r\n"
+        return subject.encode(), out
+
+    def dead_letter(self, action: str, schema: str, table: str) -> bytes:
+        """The subject of a message's dead letter (``dead_letter_subject``); a FatalError when it
+        cannot be published on, since the dead letter then could not be either."""
+        key = (schema, table, action)
+        found = self._dead_subjects.get(key)
+        if found is None:
+            names = (self._names[0], self._names[1], subject_token(schema), subject_token(table),
+                     subject_token(action), self._names[5])
+            text = self._dead.render(names, {}, dict)
+            problem = self._rendered_problem(text)
+            if problem is not None:
+                raise FatalError(f"{self._dead.where} gives '{text}' for {schema}.{table} {action}, which cannot be "
+                                 f"published on, nor its dead letter: {problem}")
+            found = self._dead_subjects[key] = text.encode()
+        return found
+
+    def _rendered_problem(self, subject: str) -> str | None:
+        """Why a subject of valid tokens cannot be this sink's: too long, not in its stream, or
+        (Sequin's ids) outside its database's subjects; None when it can."""
+        if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
+            return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+        if self._inside and not subject.startswith(self._inside):
+            return self._outside(subject)
+        if not self._captured(subject):
+            return self._uncaptured()
+        return None
+
+    def _captured(self, subject: str) -> bool:
+        tokens = subject.split(".")
+        return any(tokens_cover(pattern, tokens) for pattern in self._patterns)
+
+    def _uncaptured(self) -> str:
+        return (f"the sink's stream does not capture it (its subjects: {', '.join(self._stream_subjects)}), so "
+                "JetStream would never store it: add it to the stream's subjects (destination.stream.subjects for a "
+                "stream walflow creates), or route within them")
+
+    def _outside(self, subject: str) -> str:
+        return (f"with destination.msg_id: sequin every subject must start with '{self._inside}' ('{subject}' does "
+                "not): Sequin's ids name no sink, and the replay scan tells this sink's messages by those subjects; "
+                "route under it, or set msg_id: walflow")
+
+
+def _encoded(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise RoutingError(f"{what}: a header is not UTF-8 ({exc})") from None
+
+
+def publishes_outside(sink: SinkConfig, database: str) -> bool:
+    """Whether ``sink`` (of ``database``) may publish outside ``<prefix>.<database>.>``, where its
+    replay scan reads otherwise: a routing function may, and so may a template (the sink's, a
+    table's, the dead letter's with ``on_error: dead_letter``) that does not start there."""
+    inside = f"{sink.destination.subject_prefix}.{subject_token(database)}."
+    names = (sink.destination.subject_prefix, subject_token(database), "", "", "", subject_token(sink.name))
+    templates: list[str] = [sink.dead_letter_subject] if sink.on_error == "dead_letter" else []
+    for routing in (sink.routing, *(table.routing for table in sink.tables)):
+        if isinstance(routing, RoutingFunction):
+            return True
+        if isinstance(routing, SubjectRouting):
+            templates.append(routing.subject)
+    for text in templates:
+        try:
+            lead = _Template(text, True, "").lead(names)
+        except FatalError:
+            return True  # the router refuses it when it is built; until then, assume the worst
+        if not lead.startswith(inside):
+            return True
+    return False

@@ -74,12 +74,19 @@ class SinkStream:
     name: str
     #: Seconds: JetStream drops a repeated ``Nats-Msg-Id`` within this window (the stream's own setting).
     duplicate_window: float
+    #: What the stream captures, as found: a routed subject must be among them
+    #: (:class:`transforms.route.Router`), or JetStream would store it nowhere, or elsewhere.
+    subjects: tuple[str, ...]
 
 
 def subject_covers(pattern: str, subject: str) -> bool:
     """True if every subject matching ``subject`` (which may hold ``*`` and end in ``>``) also matches ``pattern``."""
-    want = pattern.split(".")
-    have = subject.split(".")
+    return tokens_cover(pattern.split("."), subject.split("."))
+
+
+def tokens_cover(want: list[str], have: list[str]) -> bool:
+    """:func:`subject_covers` of a pattern and a subject already split into tokens (a router
+    checks every routed subject against the stream's patterns, split once)."""
     for i, token in enumerate(want):
         if token == ">":
             return i < len(have)
@@ -136,7 +143,8 @@ def _subjects(info: dict[str, Any]) -> list[str]:
 
 
 def _found(info: dict[str, Any]) -> SinkStream:
-    return SinkStream(info["config"]["name"], info["config"]["duplicate_window"] / 1e9)  # nanoseconds on the wire
+    config = info["config"]
+    return SinkStream(config["name"], config["duplicate_window"] / 1e9, tuple(_subjects(info)))  # ns on the wire
 
 
 async def stream_for(nc: Client, dest: NatsDestination, escaped_database: str) -> str:
