@@ -20,9 +20,13 @@ one found (:func:`horizon`) until it has passed it: by then every earlier run's 
 lies below the confirmed LSN, and only this run's, in epoch order, lie above it.
 
 Which messages are this pipeline's, and at which position, only its :class:`core.ids.IdScheme`
-says: nothing here reads an id's text. Every read is confined to the sink's subjects
-(``<prefix>.<database>.>``): Sequin's ids (``msg_id: sequin``) name no sink nor database,
-so in a stream shared with other databases their subjects are what tells them apart.
+says: nothing here reads an id's text. Every read is confined to the subjects the sink
+gives (``connectors/nats/sink.py``): its own, ``<prefix>.<database>.>`` — Sequin's ids
+(``msg_id: sequin``) name no sink nor database, so in a stream shared with other databases
+their subjects are what tells them apart — or, for a sink whose routing may publish
+elsewhere, ``>``: the whole stream, where walflow's ids, which name database and sink, tell
+its messages from the others'. JetStream takes ``>`` as a filter of every read here (the
+last message, the next one from a sequence, an ordered consumer).
 """
 
 from __future__ import annotations

@@ -16,8 +16,16 @@ Sequin's ids in that stream (:class:`SharedSequinIdsError`).
 The one thing a sink remembers outside the stream — that its ``initial_backfill`` was
 requested — sits in the ``walflow_state`` key-value bucket on the same NATS (a stream of
 its own, whichever stream the events land in).
-Messages arrive as payload and id (:class:`core.events.Message`); the publisher gives
-each its subject.
+Messages arrive as payload and id (:class:`core.events.Message`), and a routed message
+with its subject and headers; the publisher gives every other one its default subject.
+
+**Routed subjects and exactly-once.** The replay scan and the check before a late re-send
+read the sink's own subjects, ``<prefix>.<database>.>``. A sink whose routing (or dead-letter
+subject) may publish elsewhere (:func:`transforms.route.publishes_outside`) has them read
+the whole stream instead: with ``msg_id: walflow`` its ids name database and sink, so
+whatever else the stream holds is told apart by id. With ``msg_id: sequin`` the router keeps
+every subject under ``<prefix>.<database>.``, so the sink's own subjects still hold all of
+its messages.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from core.ids import IdScheme
 from core.runtime import Runtime
 from core.threads import keep_thread_state
 from core.tokens import subject_token
+from transforms.route import publishes_outside
 
 log = logging.getLogger("walflow.nats")
 
@@ -131,9 +140,12 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         self.peers = peers
         dest = sink.destination
         self.ids = IdScheme(database, sink.name, dest.msg_id)
-        #: Every subject this sink publishes on: also what tells its messages from others' in
-        #: the stream when its ids are Sequin's, which name no sink.
+        #: Every subject this sink publishes on unrouted: also what tells its messages from
+        #: others' in the stream when its ids are Sequin's, which name no sink.
         self.subjects = f"{dest.subject_prefix}.{subject_token(database)}.>"
+        #: What the replay scan and late re-sends read: the sink's subjects, or the whole stream
+        #: when its routing may publish outside them (the module's docstring).
+        self.scanned = ">" if dest.msg_id == "walflow" and publishes_outside(sink, database) else self.subjects
         #: The stream its events land in, once connected.
         self.stream: SinkStream | None = None
         self._nc: WalflowClient | None = None
@@ -152,7 +164,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
                     stream = self.stream = await ensure_stream(nc, dest, self.database, subject_token(self.database))
                     await self._check_msg_ids(nc, stream.name)
                     if self._published is None:
-                        found = await already_published(nc, stream.name, self.subjects, self.ids, self.replay_from)
+                        found = await already_published(nc, stream.name, self.scanned, self.ids, self.replay_from)
                         if found:
                             log.info("%s: %d change(s) to be replayed are already in the stream; "
                                      "not publishing them again", self.sink.name, len(found))
@@ -202,6 +214,11 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
     def _current_stream(self) -> SinkStream:
         assert self.stream is not None, "the stream is set up before any partition is built"
         return self.stream
+
+    def stream_subjects(self) -> tuple[str, ...]:
+        """What the sink's stream captures, once :meth:`prepare` found it: where its routed
+        subjects must stay (:class:`transforms.route.Router`)."""
+        return self._current_stream().subjects
 
     def prepare(self) -> int:
         """Connect and check the stream now, at startup, rather than at the first message
@@ -270,7 +287,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
                 label=for_part,
                 skip=self._published or frozenset(),
                 on_no_stream=lambda: self._stream_again(nc),
-                stored_since=lambda seq: ids_since(nc, self._current_stream().name, self.subjects, seq),
+                stored_since=lambda seq: ids_since(nc, self._current_stream().name, self.scanned, seq),
                 duplicate_window=self._current_stream().duplicate_window,
                 sink=self.sink.name,
                 metrics=self.runtime.metrics,
