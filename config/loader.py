@@ -256,7 +256,7 @@ def describe(error: ErrorDetails) -> str:
     path = format_path(loc)
     kind = error["type"]
     if kind == "extra_forbidden":
-        return f"{path}: unknown key{_suggestion(raw)}"
+        return f"{path}: unknown key{_suggestion(list(error['loc']))}"
     if kind == "missing":
         return f"{path}: required key is missing"
     context = error.get("ctx") or {}
@@ -275,7 +275,8 @@ def describe(error: ErrorDetails) -> str:
 
 def _is_tag(part: str | int) -> bool:
     """Pydantic adds a union member's name to the location (``str``, ``list[str]``)."""
-    return isinstance(part, str) and (part in ("str", "int", "bool") or "[" in part or part.startswith("function-"))
+    return isinstance(part, str) and (part in ("str", "int", "bool", "null") or "[" in part
+                                      or part.startswith(("function-", "form:")))
 
 
 def _is_secret(loc: Location) -> bool:
@@ -320,6 +321,9 @@ def _walk(loc: Location) -> tuple[list[str | int], type[BaseModel] | None]:
             model = _tagged(field, parts.pop(0)) if parts else None
         else:
             sections = _sections(field.annotation)
+            if len(sections) > 1 and parts and isinstance(parts[0], str) and parts[0].startswith("form:"):
+                python = parts[0] == "form:python"  # a function key's form (config/schema.py, _form_of)
+                sections = [m for m in sections if (getattr(m, "form", None) == "python") == python]
             model = sections[0] if sections else None
     return out, model
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
@@ -43,9 +43,11 @@ from config.shaping import (
     FilterFunction,
     FunctionConfig,
     OnError,
-    Routing,
+    PathTransform,
+    RoutingFunction,
+    SubjectRouting,
     ToastPolicy,
-    Transform,
+    TransformFunction,
     function_spec,
 )
 
@@ -267,6 +269,36 @@ class SourceFilter(Section):
 NoneWord = Literal["none"]
 
 
+def _form_of(value: Any) -> str:
+    """Which form a function key holds, so that an error names that form's keys only (pydantic
+    would report every member of the union): the tags are left out of error paths by the loader."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "form:python" if "python" in value else "form:mapping"
+    if isinstance(value, (PathTransform, SubjectRouting, Enrichment)):
+        return "form:mapping"
+    if isinstance(value, (FilterFunction, TransformFunction, RoutingFunction)):
+        return "form:python"
+    return "str"
+
+
+def _function_key(mapping: Any, python: Any) -> Any:
+    """The type of a function key: ``none``, a mapping form (None: no such form), a ``python:`` form (None: no such form), or null."""
+    members: list[Any] = [Annotated[NoneWord, Tag("str")], Annotated[None, Tag("null")]]
+    if mapping is not None:
+        members.append(Annotated[mapping, Tag("form:mapping")])
+    if python is not None:
+        members.append(Annotated[python, Tag("form:python")])
+    return Annotated[Union[tuple(members)], Discriminator(_form_of)]  # noqa: UP007 (built from a list)
+
+
+FilterKey = _function_key(None, FilterFunction)
+TransformKey = _function_key(PathTransform, TransformFunction)
+RoutingKey = _function_key(SubjectRouting, RoutingFunction)
+EnrichmentKey = _function_key(Enrichment, None)
+
+
 class TableConfig(Section):
     """Per-table settings (Sequin's ``tables``): the columns that group a row's changes, and
     what is published of the table (``config/shaping.py``): a table's keys apply beside, or
@@ -280,15 +312,15 @@ class TableConfig(Section):
     #: walflow's conditions on column values: a row is published when all of them hold.
     where: list[Condition] = []
     #: A row filter in Python, with the sink's ``filter`` (both must pass).
-    filter: NoneWord | FilterFunction | None = None
+    filter: FilterKey = None
     #: Which columns are published, renamed, masked.
     columns: Columns | None = None
     #: Unchanged TOAST values; None: the sink's ``toast``.
     toast: ToastPolicy | None = None
     #: In place of the sink's ``routing`` for this table.
-    routing: NoneWord | Routing | None = None
+    routing: RoutingKey = None
     #: In place of the sink's ``enrichment`` for this table.
-    enrichment: NoneWord | Enrichment | None = None
+    enrichment: EnrichmentKey = None
 
     @field_validator("group_column_names")
     @classmethod
@@ -453,13 +485,13 @@ class SinkConfig(Section):
         Discriminator(lambda value: "list[InitialBackfill]" if isinstance(value, list) else "bool"),
     ] = False
     #: A row filter: a function's name, ``none``, or ``{python: module:function}``.
-    filter: NoneWord | FilterFunction | None = None
+    filter: FilterKey = None
     #: The payload: the envelope (None, ``none``), a path of it (``{path: record}``), or ``{python: …}``.
-    transform: NoneWord | Transform | None = None
+    transform: TransformKey = None
     #: Subject and headers: default ``<prefix>.<database>.<schema>.<table>.<action>``.
-    routing: NoneWord | Routing | None = None
+    routing: RoutingKey = None
     #: ``metadata.enrichment`` from a SQL query per batch.
-    enrichment: NoneWord | Enrichment | None = None
+    enrichment: EnrichmentKey = None
     #: Older Sequin form, with ``table``: that table's column filters.
     filters: list[ColumnFilter] = []
     #: The payload's shape: Sequin's (``record``, ``changes``, ``action``, ``metadata``) or
@@ -629,11 +661,14 @@ class Config(Section):
         if not isinstance(data, dict) or not isinstance(data.get("sinks"), list):
             return data
         functions: dict[str, FunctionConfig] = {}
+        broken: set[str] = set()  # reported where the list itself is validated, not again per sink
         for raw in data.get("functions") or []:
             try:
                 function = FunctionConfig.model_validate(raw)
             except ValidationError:
-                return data  # reported where the list itself is validated
+                if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                    broken.add(raw["name"])
+                continue
             functions.setdefault(function.name, function)
         problems: list[tuple[tuple[str | int, ...], str]] = []
         sinks = data["sinks"] = [dict(s) if isinstance(s, dict) else s for s in data["sinks"]]
@@ -648,6 +683,9 @@ class Config(Section):
                 for kind in ("filter", "transform", "routing", "enrichment"):
                     name = section.get(kind)
                     if not isinstance(name, str) or name == "none" or (kind == "transform" and len(loc) > 2):
+                        continue
+                    if name in broken:
+                        section[kind] = "none"
                         continue
                     found = functions.get(name)
                     if found is None:

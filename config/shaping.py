@@ -247,8 +247,6 @@ class TransformFunction(PythonFunction):
     payload, any JSON value (encoded as the envelope encodes values)."""
 
 
-Transform = PathTransform | TransformFunction
-
 
 class SubjectRouting(Section):
     """A subject template, and headers: what a message is published as.
@@ -295,8 +293,6 @@ class RoutingFunction(PythonFunction):
         return None if value is None else _header_name(value)
 
 
-Routing = SubjectRouting | RoutingFunction
-
 
 def _header_name(name: str) -> str:
     if not re.fullmatch(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", name):
@@ -309,8 +305,9 @@ def _header_name(name: str) -> str:
 class Enrichment(Section):
     """Sequin's enrichment: a SQL query on the source database, run once per batch of messages
     with the primary keys as parameters (``WHERE id = ANY($1)``; a composite key gives one
-    array per key column, ``$1``, ``$2``, … in alphabetical order of the column names). It must
-    return the key columns and at most one row per key; the row's other columns land in
+    array per key column, ``$1``, ``$2``, … in alphabetical order of the column names: with
+    untyped arrays, join them as ``JOIN unnest($1::int[], $2::text[]) AS k(a, b) USING (a, b)``).
+    It must return the key columns and at most one row per key; the whole row lands in
     ``metadata.enrichment`` (null when it returns none). It reads the database as it is when
     it runs, not as it was at the change (Sequin's caveat)."""
 
@@ -381,7 +378,7 @@ PYTHON_EQUIVALENT = {
     "transform": ("def transform(action, record, changes, metadata) -> payload",
                   "or, to publish one part of the message, a path transform: transform: {path: record}"),
     "routing": ("def route(action, record, changes, metadata) -> {'subject': ..., 'headers': {...}}",
-                "or a subject template: routing: {subject: '{prefix}.{table}.{record.tenant_id}'}"),
+                "or a subject template: routing: {subject: '{prefix}.{database}.{table}.{record.tenant_id}'}"),
 }
 
 
