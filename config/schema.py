@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
@@ -283,20 +283,20 @@ def _form_of(value: Any) -> str:
     return "str"
 
 
-def _function_key(mapping: Any, python: Any) -> Any:
-    """The type of a function key: ``none``, a mapping form (None: no such form), a ``python:`` form (None: no such form), or null."""
-    members: list[Any] = [Annotated[NoneWord, Tag("str")], Annotated[None, Tag("null")]]
-    if mapping is not None:
-        members.append(Annotated[mapping, Tag("form:mapping")])
-    if python is not None:
-        members.append(Annotated[python, Tag("form:python")])
-    return Annotated[Union[tuple(members)], Discriminator(_form_of)]  # noqa: UP007 (built from a list)
-
-
-FilterKey = _function_key(None, FilterFunction)
-TransformKey = _function_key(PathTransform, TransformFunction)
-RoutingKey = _function_key(SubjectRouting, RoutingFunction)
-EnrichmentKey = _function_key(Enrichment, None)
+_NONE = Annotated[NoneWord, Tag("str")]
+_NULL = Annotated[None, Tag("null")]
+_PICK = Discriminator(_form_of)
+#: The types of the function keys: ``none``, the mapping form, the ``python:`` form, or null.
+FilterKey = Annotated[_NONE | Annotated[FilterFunction, Tag("form:python")] | _NULL, _PICK]
+TransformKey = Annotated[
+    _NONE | Annotated[PathTransform, Tag("form:mapping")] | Annotated[TransformFunction, Tag("form:python")] | _NULL,
+    _PICK,
+]
+RoutingKey = Annotated[
+    _NONE | Annotated[SubjectRouting, Tag("form:mapping")] | Annotated[RoutingFunction, Tag("form:python")] | _NULL,
+    _PICK,
+]
+EnrichmentKey = Annotated[_NONE | Annotated[Enrichment, Tag("form:mapping")] | _NULL, _PICK]
 
 
 class TableConfig(Section):
