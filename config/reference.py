@@ -665,6 +665,11 @@ def _constraints(metadata: list[Any], *, sized: str) -> list[str]:
     return out
 
 
+def _unwrapped(annotation: Any) -> Any:
+    """``X`` of ``Annotated[X, …]`` (a tagged union's member), else ``annotation``."""
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+
+
 def type_text(annotation: Any, metadata: list[Any], links: Mapping[type[Section], str], keys: str | None = None) -> str:
     """``annotation`` in words: `string`, `integer ≥ 1`, `list of [section](#…)`, `one of …`; ``keys``: what
     a mapping's keys are (``column name``)."""
@@ -673,7 +678,7 @@ def type_text(annotation: Any, metadata: list[Any], links: Mapping[type[Section]
         inner, *extra = typing.get_args(annotation)
         return type_text(inner, [*extra, *metadata], links, keys)
     if origin in (typing.Union, types.UnionType):
-        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        args = [arg for arg in typing.get_args(annotation) if _unwrapped(arg) is not type(None)]
         text = " or ".join(type_text(arg, metadata if len(args) == 1 else [], links, keys) for arg in args)
         return f"{text}, or null" if len(args) < len(typing.get_args(annotation)) else text
     if origin is Literal:

@@ -286,7 +286,7 @@ def _form_of(value: Any) -> str:
 _NONE = Annotated[NoneWord, Tag("str")]
 _NULL = Annotated[None, Tag("null")]
 _PICK = Discriminator(_form_of)
-#: The types of the function keys: ``none``, the mapping form, the ``python:`` form, or null.
+# The types of the function keys: ``none``, the mapping form, the ``python:`` form, or null.
 FilterKey = Annotated[_NONE | Annotated[FilterFunction, Tag("form:python")] | _NULL, _PICK]
 TransformKey = Annotated[
     _NONE | Annotated[PathTransform, Tag("form:mapping")] | Annotated[TransformFunction, Tag("form:python")] | _NULL,
