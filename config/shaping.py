@@ -72,8 +72,7 @@ class Mask(Section):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Mask:
-        kinds = [name for name in ("hash", "redact", "truncate", "keep_first", "keep_last")
-                 if getattr(self, name) not in (None, False)]
+        kinds = [name for name in ("hash", "redact", "truncate", "keep_first", "keep_last") if self._given(name)]
         if len(kinds) != 1:
             raise ValueError("give exactly one of hash, redact, truncate, keep_first, keep_last "
                              f"(got {', '.join(kinds) or 'none'})")
@@ -81,10 +80,14 @@ class Mask(Section):
             raise ValueError("secret belongs to hash: remove it, or set hash: true")
         return self
 
+    def _given(self, name: str) -> bool:
+        value = getattr(self, name)
+        return value is True if isinstance(value, bool) else value is not None  # truncate: 0 is given
+
     @property
     def kind(self) -> Literal["hash", "redact", "truncate", "keep_first", "keep_last"]:
         for name in ("hash", "redact", "truncate", "keep_first", "keep_last"):
-            if getattr(self, name) not in (None, False):
+            if self._given(name):
                 return name
         raise AssertionError("validated: one kind")
 

@@ -176,8 +176,14 @@ class Metrics:
             ["slot", "table", "action"], registry=r)
         self.changes_filtered = Counter(
             "walflow_changes_filtered_total",
-            "Changes from the slot that a sink's filter dropped (its actions, source tables; every truncate).",
+            "Changes from the slot that a sink's filters dropped (its actions, source tables, row filters; every "
+            "truncate).",
             ["sink", "table", "action"], registry=r)
+        self.dead_letters = Counter(
+            "walflow_dead_letters_total",
+            "Changes a sink could not shape, published as dead letters in their place (on_error: dead_letter), by "
+            "the step that failed (filter, enrichment, transform, envelope, routing).",
+            ["sink", "table", "step"], registry=r)
         self.changes_published = Counter(
             "walflow_changes_published_total",
             "Messages JetStream acknowledged (stored, or dropped as a duplicate of one stored), backfill reads "

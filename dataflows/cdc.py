@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
@@ -39,6 +40,7 @@ from dataflows.recovery import recovery_dir
 from transforms.differences import differences
 from transforms.dispatch import Dispatch
 from transforms.render import Render
+from transforms.shape import Shaping
 
 log = logging.getLogger("walflow.sequin")
 log_flow = logging.getLogger("walflow.flow")
@@ -72,10 +74,12 @@ def databases_for(config: Config) -> list[DatabaseConfig]:
     return read
 
 
-def build(config: Config, runtime: Runtime) -> Dataflow:
-    """The flow for ``config``; its parts share ``runtime``."""
+def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataflow:
+    """The flow for ``config``; its parts share ``runtime``; ``beside``: the config file's
+    directory, where the config's Python callables may live."""
     slots: list[Slot] = []
     publishers: dict[str, JetStreamSink] = {}
+    secret = None if config.walflow.mask_secret is None else config.walflow.mask_secret.get_secret_value()
     databases = databases_for(config)
     cluster = this_cluster()
     publishing = publishes_here(cluster, len(databases))
@@ -92,10 +96,14 @@ def build(config: Config, runtime: Runtime) -> Dataflow:
         replay_from = confirmed_lsn(db)
         mine = {
             sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks,
-                                     render=functools.partial(Render, sink, db), publishes=publishing)
+                                     publishes=publishing)
             for sink in sinks
         }
         replay_horizon = max(publish.prepare() for publish in mine.values())
+        for sink in sinks:  # after prepare(): shaping checks routed subjects against the stream found
+            publish = mine[sink.name]
+            shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, publish.stream_subjects())
+            publish.render = functools.partial(Render, sink, db, shaping, runtime.metrics)
         slots.append(Slot(db, frozenset(mine), InitialBackfills(db, sinks, mine), replay_horizon))
         publishers.update(mine)
     flow = Dataflow("walflow")
@@ -139,7 +147,7 @@ def _load() -> Dataflow:
         directory = recovery_dir(sys.argv[1:], os.environ)
         if directory is not None:
             prepare_recovery(directory, config.walflow.recovery_partitions)
-        flow = build(config, runtime)
+        flow = build(config, runtime, Path(config_path()).resolve().parent)
         tune_gc()
         return flow
     except FatalError as exc:

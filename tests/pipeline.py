@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,10 @@ class Stored:
     seq: int
     subject: str
     msg_id: str
-    event: dict[str, Any]
+    event: Any
+    #: The message's headers, and its payload as stored (for tests on the raw bytes).
+    headers: dict[str, str] = field(default_factory=dict)
+    data: bytes = b""
 
 
 def write_config(
@@ -137,7 +140,8 @@ def stored(url: str, stream: str) -> list[Stored]:
                 while not out or out[-1].seq < last:
                     for msg in await sub.fetch(batch=2000, timeout=5):
                         out.append(Stored(msg.metadata.sequence.stream, msg.subject,
-                                          (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}")))
+                                          (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}"),
+                                          dict(msg.headers or {}), msg.data or b""))
             finally:
                 await sub.unsubscribe()
             return out

@@ -2,33 +2,102 @@
 
 Runs in the sink partition's ``write_batch``, on the worker that owns the partition: after
 Bytewax's exchange, so in a cluster the CPU-heavy part — converting values
-(:mod:`transforms.convert`) and the envelope (:mod:`transforms.envelope`) — is spread over
-every process, while the slot's process does only what must be serial
-(``transforms/dispatch.py``). Items arrive in lists, in the order the slot's worker sent
-them (``core/wire.py``): table descriptions, changes, forgotten versions.
+(:mod:`transforms.convert`), shaping and the envelope — is spread over every process, while
+the slot's process does only what must be serial (``transforms/dispatch.py``). Items
+arrive in lists, in the order the slot's worker sent them (``core/wire.py``): table
+descriptions, changes, forgotten versions.
+
+**Shaping** (``config/shaping.py``, planned per table version by :mod:`transforms.shape`):
+a table without a plan takes the envelope's unshaped path, unchanged. A planned table's
+changes go through, in order:
+
+1. :func:`transforms.record.record_and_changes` under the table's TOAST policy;
+2. enrichment (:mod:`transforms.enrich`), one query per table per batch, into
+   ``metadata.enrichment``;
+3. row filters on the database's values: ``where`` and Sequin's column filters
+   (:mod:`transforms.conditions`), then the Python filters;
+4. columns (:mod:`transforms.columns`): include/exclude, rename, masks — on ``record``,
+   ``changes``, Debezium's ``before``, ``record_pks`` (and a backfill read's id, whose row
+   key is hashed when a key column is masked: the id stays stable and unique, the value
+   does not leave in clear);
+5. the payload: a transform (:mod:`transforms.payload`), else the sequin or debezium
+   envelope, from what step 4 left;
+6. routing (:mod:`transforms.route`): subject and headers from what step 4 left.
+
+Steps 1-3 see the row as the database has it (nothing they see is published); steps 5-6
+see only what is published, so a template or transform cannot put a masked value back.
+
+**Failures** in steps 2-6 for one change (a callable raising or returning the wrong kind, an
+invalid subject, a value that is not JSON, an enrichment query failing) follow the sink's
+``on_error``: ``stop`` raises a :class:`core.errors.FatalError` that names the row's position
+— the process stops, the epoch holding the change never completes, so the slot is not
+confirmed past it and a restart after the fix publishes it; ``dead_letter`` publishes, in
+its place and under its ``Nats-Msg-Id``, a message with the error, the step, the position
+and the (masked) key, never the row's values. A config key naming a column the table lacks
+is fatal whatever ``on_error`` says: no row of the table could be shaped.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from pydantic_core import to_json
+
 from config.schema import DatabaseConfig, SinkConfig
-from core.events import Message, ReadOf, Table
+from config.shaping import Enrichment
+from core.errors import FatalError
+from core.events import Change, Message, ReadOf, Row, Table
+from core.metrics import CounterBatch, Metrics
 from core.wire import DESCRIBE, Item, commit_time
 from transforms.convert import convert_fields
+from transforms.debezium import Debezium
+from transforms.enrich import Enricher
 from transforms.envelope import Envelope
+from transforms.record import record_and_changes
+from transforms.shape import Plan, Shaping
+
+_new_message: Final = tuple.__new__
+#: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table version.
+_Pending = tuple[int, Plan, Change, Table]
+
+
+class StepFailed(Exception):
+    """One change could not be shaped: which step, and why (the cause is chained)."""
+
+    def __init__(self, step: str, cause: BaseException) -> None:
+        super().__init__(f"{step}: {cause}")
+        self.step = step
 
 
 class Render:
     """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
 
-    def __init__(self, sink: SinkConfig, database: DatabaseConfig) -> None:
+    def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self._sink = sink
+        self._database = database
         self._envelope = Envelope(sink, database)
-        #: uid → the table version it names, as described on this partition.
+        self._debezium = Debezium(sink, database) if sink.envelope == "debezium" else None
+        self._shaping = shaping
+        #: uid → the table version it names, as described on this partition, and its plan.
         self._tables: dict[int, Table] = {}
+        self._plans: dict[int, Plan | None] = {}
+        #: One per enrichment query of the sink: each holds its own connection (per partition).
+        self._enrichers: dict[int, Enricher] = {}
+        self._label = f"sink '{sink.name}'"
+        metrics = metrics or Metrics()
+        self._filtered: CounterBatch[tuple[str, str]] = CounterBatch(
+            metrics.changes_filtered, lambda key: (sink.name, *key))
+        self._dead: CounterBatch[tuple[str, str]] = CounterBatch(
+            metrics.dead_letters, lambda key: (sink.name, *key))
 
     def __call__(self, batches: list[list[Item]]) -> list[Message]:
         """The messages of ``batches`` (each a dispatch step's list for this partition), in order."""
-        out: list[Message] = []
-        envelope, tables = self._envelope, self._tables
+        out: list[Message | None] = []
+        pending: list[_Pending] = []
+        envelope, tables, plans = self._envelope, self._tables, self._plans
         for items in batches:
             for item in items:
                 head = item[0]
@@ -38,18 +107,190 @@ class Render:
                         raise RuntimeError(f"a change names table version {head}, which was not described to this "
                                            "partition first: the items from the slot's worker arrived out of order")
                     _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item  # type: ignore[misc]
-                    out.append(envelope(convert_fields(action, table, new, old, old_is_key, lsn, idx,
-                                                       commit_time(micros), xid,
-                                                       None if read is None else ReadOf(*read), annotations)))
+                    change = convert_fields(action, table, new, old, old_is_key, lsn, idx, commit_time(micros), xid,
+                                            None if read is None else ReadOf(*read), annotations)
+                    plan = plans[head]
+                    if plan is None:
+                        out.append(envelope(change))
+                    else:
+                        pending.append((len(out), plan, change, table))
+                        out.append(None)
                 elif head == DESCRIBE:
                     described: Table = item[1]  # type: ignore[assignment]
                     tables[described.uid] = described
+                    plans[described.uid] = None if self._shaping is None else self._shaping.plan(described)
                 else:
                     tables.pop(item[1], None)  # type: ignore[arg-type]
-        return out
+                    plans.pop(item[1], None)  # type: ignore[arg-type]
+        if not pending:
+            return out  # type: ignore[return-value]  # no None among them
+        self._shape(pending, out)
+        self._filtered.flush()
+        self._dead.flush()
+        return [message for message in out if message is not None]
+
+    # -- the shaped path -----------------------------------------------------------------------
+
+    def _shape(self, pending: list[_Pending], out: list[Message | None]) -> None:
+        """Fill ``out``'s places of ``pending`` with their messages (None: filtered out)."""
+        views = [record_and_changes(change, plan.toast) for _, plan, change, _ in pending]
+        enrichments = self._enrich(pending)
+        for (place, plan, change, _), (record, changes), enrichment in zip(pending, views, enrichments, strict=True):
+            try:
+                if isinstance(enrichment, StepFailed):
+                    raise enrichment
+                out[place] = self._message(plan, change, record, changes, enrichment)
+            except StepFailed as failed:
+                out[place] = self._failed(plan, change, failed)
+            if out[place] is None:
+                self._filtered.counts[(f"{change.schema}.{change.table}", change.action)] += 1
+
+    def _enrich(self, pending: list[_Pending]) -> list[Any]:
+        """Each pending change's enrichment (None without one; a :class:`StepFailed` when its
+        query failed): one lookup per table version and query for the whole batch."""
+        wanted: dict[tuple[int, int], tuple[Enrichment, Table, list[tuple[str, ...]]]] = {}
+        for _, plan, change, table in pending:
+            if plan.enrichment is not None:
+                wanted.setdefault((id(plan.enrichment), table.uid), (plan.enrichment, table, []))[2].append(change.pks)
+        if not wanted:
+            return [None] * len(pending)
+        found: dict[tuple[int, int], dict[tuple[str, ...], Any] | StepFailed] = {}
+        for place, (spec, table, keys) in wanted.items():
+            enricher = self._enrichers.get(id(spec))
+            if enricher is None:
+                enricher = self._enrichers[id(spec)] = Enricher(spec, self._database, self._label)
+            try:
+                found[place] = enricher.lookup(table, keys)
+            except Exception as exc:  # noqa: BLE001 (not swallowed: each of its changes follows on_error)
+                found[place] = _step_failed("enrichment", exc)
+        results: list[Any] = []
+        for _, plan, change, table in pending:
+            if plan.enrichment is None:
+                results.append(None)
+                continue
+            rows = found[(id(plan.enrichment), table.uid)]
+            results.append(rows if isinstance(rows, StepFailed) else rows.get(change.pks))
+        return results
+
+    def _message(self, plan: Plan, change: Change, record: Row, changes: Row | None,
+                 enrichment: Any) -> Message | None:
+        """One planned change's message, or None when a filter drops it; StepFailed when a step fails."""
+        action = change.action
+        envelope = self._envelope
+        key = envelope.key(change)
+        metadata = _Lazy(lambda: envelope.metadata(change, change.pks, key, enrichment))
+        if plan.rows is not None and not plan.rows(action, record, changes, change.old):
+            return None
+        for name, function in plan.filters:
+            try:
+                keep = function(action, record, changes, metadata())
+            except Exception as exc:
+                raise _step_failed(f"filter {name}", exc) from exc
+            if type(keep) is not bool:
+                raise StepFailed(f"filter {name}", TypeError(
+                    f"returned {type(keep).__name__} {_short(keep)}, not True or False"))
+            if not keep:
+                return None
+        pks = change.pks
+        before = change.old if action in ("update", "delete") else None
+        columns = plan.columns
+        if columns is not None:
+            record = columns.row(record)
+            changes = None if changes is None else columns.row(changes)
+            before = None if before is None else columns.row(before)
+            pks = columns.pks(pks)
+            if columns.masks_key and change.read is not None:
+                key = envelope.read_key(change.read.backfill, _hashed(change.read.row_key))
+        if columns is not None:  # what is published from here on: the masked key, the read's hashed id
+            metadata = _Lazy(lambda: envelope.metadata(change, pks, key, enrichment))
+        try:
+            if plan.transform is not None:
+                payload = plan.transform(action, record, changes, metadata())
+            elif self._debezium is not None:
+                payload = self._debezium.payload(change, before, None if action == "delete" else record, key)
+            else:
+                payload = envelope.shaped(change, record, changes, pks, key, enrichment)
+        except Exception as exc:
+            raise _step_failed("transform" if plan.transform is not None else "envelope", exc) from exc
+        try:
+            subject, headers = plan.router(action, change.schema, change.table, record, changes, metadata, pks)
+        except Exception as exc:
+            raise _step_failed("routing", exc) from exc
+        return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
+                                      0.0 if change.read is not None else change.commit_ts.timestamp(),
+                                      subject, headers))
+
+    def _failed(self, plan: Plan, change: Change, failed: StepFailed) -> Message:
+        """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter."""
+        where = (f"{change.schema}.{change.table} {change.action} at commit LSN {_lsn(change.commit_lsn)} "
+                 f"(commit_idx {change.commit_idx})")
+        if self._sink.on_error == "stop":
+            raise FatalError(
+                f"{self._label}: {failed.step} failed for {where}: {failed.__cause__ or failed}. Nothing at or "
+                "after it is confirmed: fix it (or set on_error: dead_letter) and restart; it is published then"
+            ) from failed
+        self._dead.counts[(f"{change.schema}.{change.table}", failed.step.split(" ")[0])] += 1
+        key = self._envelope.key(change)
+        pks = change.pks if plan.columns is None else plan.columns.pks(change.pks)
+        if plan.columns is not None and plan.columns.masks_key and change.read is not None:
+            key = self._envelope.read_key(change.read.backfill, _hashed(change.read.row_key))
+        payload = to_json({
+            "error": {"step": failed.step, "message": str(failed.__cause__ or failed)},
+            "sink": self._sink.name,
+            "action": change.action,
+            "metadata": {
+                "database_name": self._database.name, "table_schema": change.schema,
+                "table_name": change.table, "commit_lsn": change.commit_lsn, "commit_idx": change.commit_idx,
+                "idempotency_key": key.decode("ascii"), "record_pks": list(pks),
+            },
+        })
+        subject = plan.router.dead_letter(change.action, change.schema, change.table)
+        return _new_message(Message, (change.schema, change.table, change.action, payload, key.decode("ascii"),
+                                      0.0, subject, b""))
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for enricher in self._enrichers.values():
+            enricher.close()
 
     @property
     def versions(self) -> int:
         """How many table versions this partition holds (superseded ones are forgotten, and at most
         ``transforms.dispatch.MAX_VERSIONS``)."""
         return len(self._tables)
+
+
+class _Lazy:
+    """A value computed on first call: a change's metadata dict, built only if a step asks."""
+
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make: Callable[[], dict[str, Any]]) -> None:
+        self._make = make
+        self._value: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+
+def _step_failed(step: str, exc: BaseException) -> StepFailed:
+    failed = StepFailed(step, exc)
+    failed.__cause__ = exc
+    return failed
+
+
+def _hashed(row_key: str) -> str:
+    """A backfill read's row key, when a key column is masked: the id must not carry it in clear."""
+    return hashlib.sha256(row_key.encode()).hexdigest()
+
+
+def _lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
