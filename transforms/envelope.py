@@ -375,8 +375,9 @@ class Envelope:
         :func:`transforms.record.record_and_changes`, so it is not filled here: an
         UNCHANGED_TOAST it still holds is written as the marker), ``pks`` as ``record_pks``,
         ``key`` as ``idempotency_key`` (:meth:`key`, :meth:`read_key`) and ``enrichment`` as
-        ``metadata.enrichment`` (None: null). Written as ``__call__`` writes them: unshaped parts
-        give its payload byte for byte."""
+        ``metadata.enrichment`` (None: null; its timestamps ISO under any ``timestamp_format``, as
+        Sequin enriches after converting them). Written as ``__call__`` writes them: unshaped
+        parts give its payload byte for byte."""
         action = change.action
         if action == "truncate":
             raise ValueError("a truncate has no payload: SinkFilter must drop it before the envelope")
