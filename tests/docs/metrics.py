@@ -5,6 +5,7 @@ METRICS = {
     "walflow_changes_published_total": "counter",
     "walflow_changes_received_total": "counter",
     "walflow_changes_filtered_total": "counter",
+    "walflow_dead_letters_total": "counter",
     "walflow_slot_lag_bytes": "gauge",
     "walflow_confirmed_lsn": "gauge",
     "walflow_received_lsn": "gauge",
