@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from bench.runner import FULL, QUICK, Options, run
-from bench.walflow import DEPLOYMENTS
+from bench.walflow import DEPLOYMENTS, SHAPINGS
 
 WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb")
 
@@ -52,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--other-deployments", help=f"walflow deployments for (b) and (c) [{FULL.other_deployments}]")
     parser.add_argument("--two-db-deployment", help=f"the deployment of twodb, one flow reading two databases "
                         f"[{FULL.two_db_deployment}]")
+    parser.add_argument("--shaping", choices=list(SHAPINGS),
+                        help=f"(a) with its sink shaped too (issue 16) [{FULL.shaping}]: after each deployment's run "
+                        "of (a), the same deployment over the same WAL with the bench table shaped; the report "
+                        "gives both runs' changes/s and CPU µs/change and the difference per change. typical: "
+                        "columns (exclude inserted_at, rename updated_at, hash-mask string_field, keep_last 4 of "
+                        "numeric_field), a where condition every row passes (id >= 0: as many messages as "
+                        "unshaped), and the subject {prefix}.{database}.{schema}.{table}.{record.id}.{action} "
+                        "(one {record.COL} token, under <prefix>.<database>. which the stream captures). none: "
+                        "unshaped only")
     parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [full: all; quick: all but "
                         "twodb]; the results' names then end in them (<date>-latency.md), so a whole run's stay. "
                         "twodb: one flow over two databases (two databases: entries, a slot, publication and "

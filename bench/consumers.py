@@ -34,7 +34,7 @@ import psycopg
 
 from bench.jetstream import JetStream, StoredMessage
 from bench.monitor import CpuSnapshot, MemorySampler, ProcessCpu, SlotLagSampler
-from bench.walflow import DATABASE_NAME, Deployment, Target, Walflow, counts, write_config
+from bench.walflow import DATABASE_NAME, Deployment, Shaping, Target, Walflow, counts, write_config
 from bench.workloads import current_lsn
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
@@ -102,24 +102,25 @@ def reader_thread(slot: str) -> str:
 
 def walflow_catchup(
     js: JetStream, workdir: Path, target: Target, deployment: Deployment, *, dsn: str, changes: int,
-    end_lsn: int | None, timeout: float, initial_backfill: bool = False,
+    end_lsn: int | None, timeout: float, initial_backfill: bool = False, shaping: Shaping | None = None,
 ) -> dict[str, Any]:
-    """Run walflow until its stream holds all ``changes``; measure what it took."""
+    """Run walflow until its stream holds all ``changes``; measure what it took. ``shaping``:
+    the sink's shaping (:data:`bench.walflow.SHAPINGS`), None for none."""
     run = walflow_feeds(js, workdir, [Feed(target, dsn, changes, end_lsn)], deployment, timeout=timeout,
-                        initial_backfill=initial_backfill)
+                        initial_backfill=initial_backfill, shaping=shaping)
     (database,) = run.pop("databases").values()
     return {**run, **database}
 
 
 def walflow_feeds(
     js: JetStream, workdir: Path, feeds: list[Feed], deployment: Deployment, *, timeout: float,
-    initial_backfill: bool = False, names: tuple[str, ...] = (DATABASE_NAME,),
+    initial_backfill: bool = False, names: tuple[str, ...] = (DATABASE_NAME,), shaping: Shaping | None = None,
 ) -> dict[str, Any]:
     """Run walflow over ``feeds`` (one config: a database and a sink per feed, named by
     ``names``) until every stream holds its changes; measure what it took, in all and per
     database, per process and per thread."""
     config = write_config(workdir / f"{feeds[0].target.stream}.yaml", [f.target for f in feeds],
-                          initial_backfill=initial_backfill, names=names)
+                          initial_backfill=initial_backfill, names=names, shaping=shaping)
     total = sum(f.changes for f in feeds)
     with Walflow(config, deployment) as wf:
         began = time.monotonic()

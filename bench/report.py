@@ -51,6 +51,15 @@ def _walflow_runs(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any
     ]
 
 
+def _shaped_runs(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(workload, deployment key, run) for every run with the sink shaped (``--shaping``)."""
+    return [
+        (name, key, run)
+        for name, workload in results["workloads"].items()
+        for key, run in workload.get("shaped", {}).get("walflow", {}).items()
+    ]
+
+
 def _backfill_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(table shape, walflow's run) for every backfill."""
     return [(name, b["walflow"]) for name, b in results.get("backfill", {}).items()]
@@ -92,6 +101,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"{BACKFILL_TARGETED} rows/s, 1 worker", targeted["walflow"]["rows_per_s"], f"≥ {TARGET_BACKFILL_RATE:,}",
             lambda v: v >= TARGET_BACKFILL_RATE)
     peaks = [run["peak_rss_mb"] for _, _, run in _walflow_runs(results)]
+    peaks += [run["peak_rss_mb"] for _, _, run in _shaped_runs(results)]
     if results.get("two_databases", {}).get("walflow"):
         peaks.append(results["two_databases"]["walflow"]["peak_rss_mb"])
     peaks += [run["peak_rss_mb"] for _, run in _backfill_runs(results)]
@@ -264,6 +274,7 @@ def markdown(results: dict[str, Any]) -> str:
         for name, _key, run in _walflow_runs(results):
             lines += _process_rows(name, run)
     lines += _noflags_markdown(results)
+    lines += _shaping_markdown(results)
     lines += _scaling_markdown(results.get("scaling"))
     if not results["workloads"]:  # a run without catch-up (--only latency): title and environment only
         del lines[3:]
@@ -331,6 +342,59 @@ def _noflags_markdown(results: dict[str, Any]) -> list[str]:
             f"| {_fmt(run['slot_confirmed_after_s'])} "
             f"| {_fmt(run.get('slot_confirmed_moves'))} / {_fmt(run.get('slot_confirmed_still_max_s'), 2)} |"
         )
+    return lines
+
+
+def shaping_cost(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per workload and deployment run shaped: the unshaped and shaped figures of the same run
+    (same WAL, one after the other) and what shaping added per change."""
+    rows: list[dict[str, Any]] = []
+    for name, key, shaped in _shaped_runs(results):
+        plain = results["workloads"][name]["walflow"].get(key)
+        if plain is None:
+            continue
+        us, shaped_us = plain["cpu_us_per_change"], shaped["cpu_us_per_change"]
+        rate, shaped_rate = plain["changes_per_s"], shaped["changes_per_s"]
+        rows.append({
+            "workload": name, "deployment": key, "shaping": results["workloads"][name]["shaped"]["shaping"],
+            "changes_per_s": rate, "shaped_changes_per_s": shaped_rate,
+            "rate_ratio": round(shaped_rate / rate, 3) if rate and shaped_rate else None,
+            "cpu_us_per_change": us, "shaped_cpu_us_per_change": shaped_us,
+            "added_cpu_us_per_change": round(shaped_us - us, 2) if us is not None and shaped_us is not None else None,
+            "messages": plain["messages"], "shaped_messages": shaped["messages"],
+        })
+    return rows
+
+
+def _shaping_markdown(results: dict[str, Any]) -> list[str]:
+    """Shaped against unshaped, same run (``--shaping``): rates, CPU per change, the difference."""
+    rows = shaping_cost(results)
+    if not rows:
+        return []
+    described = {name: w["shaped"] for name, w in results["workloads"].items() if "shaped" in w}
+    lines = [
+        "",
+        "### Shaping: the same deployment with the sink shaped (issue 16, same run, same WAL)",
+        "",
+        *(f"{name}, shaping `{d['shaping']}`: {d['description']}." for name, d in described.items()),
+        "",
+        ("| workload | deployment | changes/s unshaped | shaped | shaped / unshaped | CPU µs/change unshaped "
+         "| shaped | **added by shaping, µs/change** | messages unshaped / shaped | peak RSS MB shaped "
+         "| machine CPU busy / others' (shaped) |"),
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        run = results["workloads"][row["workload"]]["shaped"]["walflow"][row["deployment"]]
+        lines.append(
+            f"| {row['workload']} | {run['deployment']} | {_fmt(row['changes_per_s'])} "
+            f"| {_fmt(row['shaped_changes_per_s'])} | {_fmt(row['rate_ratio'], 2)} | {_fmt(row['cpu_us_per_change'])} "
+            f"| {_fmt(row['shaped_cpu_us_per_change'])} | **{_fmt(row['added_cpu_us_per_change'])}** "
+            f"| {_fmt(row['messages'])} / {_fmt(row['shaped_messages'])} | {_fmt(run['peak_rss_mb'])} "
+            f"| {_fmt(run.get('machine_cpu_busy'), 2)} / {_fmt(run.get('other_processes_cpu'), 2)} |"
+        )
+    lines += ["", "Per process, shaped runs:", "", *PROCESS_HEADER]
+    for name, _key, run in _shaped_runs(results):
+        lines += _process_rows(f"{name}, shaped", run)
     return lines
 
 

@@ -23,7 +23,7 @@ from bench import backfill, report
 from bench.consumers import Feed, sink_ceilings, source_ceiling, walflow_catchup, walflow_feeds
 from bench.jetstream import JetStream, StoredMessage
 from bench.latency import Phase, find_pgbench, run_latency
-from bench.walflow import DEPLOYMENTS, ROOT, Target
+from bench.walflow import DEPLOYMENTS, ROOT, SHAPINGS, Shaping, Target
 from bench.workloads import (
     PUBLICATION,
     Written,
@@ -63,6 +63,8 @@ class Options:
     deployments: str = "w1,noflags,w2,p2,p3"
     other_deployments: str = "w1"
     two_db_deployment: str = "p2"
+    #: (a)'s sink shaped beside unshaped, per deployment (:data:`bench.walflow.SHAPINGS`); "none": unshaped only.
+    shaping: str = "none"
     only: str = "mixed,bulk,wide,latency,backfill,twodb"
     quick: bool = False
 
@@ -170,12 +172,35 @@ class Bench:
         """Generous: a run this slow is broken, not slow (1,000 changes/s, at least 2 minutes)."""
         return max(120.0, changes / 1000)
 
-    def workload(self, name: str, deployments: list[str], write: Callable[[str, str], Written]) -> dict[str, Any]:
-        """Write one workload into its own database, then run every consumer over its WAL."""
+    def _catchup(self, name: str, key: str, target: Target, written: Written, dsn: str,
+                 shaping: Shaping | None = None) -> dict[str, Any]:
+        """One walflow run of deployment ``key`` over a workload's WAL, checked and said."""
+        label = f"walflow {DEPLOYMENTS[key].label}{f', shaped ({shaping.key})' if shaping else ''}"
+        _say(f"{name}: {label}")
+        run = walflow_catchup(
+            self.js, self.workdir, target, DEPLOYMENTS[key], dsn=dsn, changes=written.changes,
+            end_lsn=written.end_lsn, timeout=self.timeout(written.changes), shaping=shaping,
+        )
+        self.check_noise(f"{name}, {label}", run)
+        if run["messages"] != written.changes:
+            self.warnings.append(f"{name}, {label}: the stream holds "
+                                 f"{run['messages']:,} messages for {written.changes:,} changes")
+        _say(f"{name}: {label}: {run['changes_per_s']:,} changes/s, "
+             f"{run['cpu_us_per_change']} µs/change, peak {run['peak_rss_mb']} MB")
+        return run
+
+    def workload(self, name: str, deployments: list[str], write: Callable[[str, str], Written],
+                 shaping: Shaping | None = None) -> dict[str, Any]:
+        """Write one workload into its own database, then run every consumer over its WAL.
+        ``shaping``: after each deployment's run, the same deployment with its sink shaped so
+        (a slot of its own, made with the others before the workload): ``result["shaped"]``."""
         tag = _tag(name)
         database = f"bench_{tag}"
         dsn = self.pg.dsn(database)
-        prepare_database(self.pg.dsn(), database, dsn, ["recv", *(f"wf_{d}" for d in deployments)])
+        slots = ["recv", *(f"wf_{d}" for d in deployments)]
+        if shaping is not None:
+            slots += [f"wf_{d}_shaped" for d in deployments]
+        prepare_database(self.pg.dsn(), database, dsn, slots)
         try:
             _say(f"{name}: writing")
             written = write(dsn, database)
@@ -189,23 +214,19 @@ class Bench:
             self.check_noise(f"{name}, pg_recvlogical", source)
             result["walflow"] = {}
             replay: tuple[str, list[StoredMessage]] | None = None  # walflow's subject prefix, its messages
+            if shaping is not None:
+                result["shaped"] = {"shaping": shaping.key, "description": shaping.label,
+                                    "sink_keys": shaping.sink, "walflow": {}}
             for key in deployments:
                 target = self.target(database, f"wf_{key}", f"{tag}_{key}")
-                _say(f"{name}: walflow {DEPLOYMENTS[key].label}")
-                run = walflow_catchup(
-                    self.js, self.workdir, target, DEPLOYMENTS[key], dsn=dsn, changes=written.changes,
-                    end_lsn=written.end_lsn, timeout=self.timeout(written.changes),
-                )
-                result["walflow"][key] = run
-                self.check_noise(f"{name}, walflow {DEPLOYMENTS[key].label}", run)
-                if run["messages"] != written.changes:
-                    self.warnings.append(f"{name}, walflow {DEPLOYMENTS[key].label}: the stream holds "
-                                         f"{run['messages']:,} messages for {written.changes:,} changes")
-                _say(f"{name}: walflow {DEPLOYMENTS[key].label}: {run['changes_per_s']:,} changes/s, "
-                     f"{run['cpu_us_per_change']} µs/change, peak {run['peak_rss_mb']} MB")
-                if replay is None:
+                result["walflow"][key] = self._catchup(name, key, target, written, dsn)
+                if replay is None:  # unshaped: the sink ceilings read its subjects back as the envelope's
                     replay = (target.subject_prefix, self.js.read(target.stream, limit=self.options.sink_messages))
                 self.js.delete_stream(target.stream)
+                if shaping is not None:
+                    target = self.target(database, f"wf_{key}_shaped", f"{tag}_{key}_shaped")
+                    result["shaped"]["walflow"][key] = self._catchup(name, key, target, written, dsn, shaping)
+                    self.js.delete_stream(target.stream)
             if replay is not None:
                 prefix, messages = replay
                 _say(f"{name}: sink ceilings over {len(messages):,} of walflow's messages")
@@ -353,6 +374,7 @@ def run(options: Options, out_dir: Path) -> int:
                     results["workloads"]["mixed-100B"] = suite.workload(
                         "mixed-100B", first,
                         lambda dsn, db: write_mixed(dsn, db, changes=o.rows, clients=o.clients, pad=o.pad),
+                        shaping=SHAPINGS[o.shaping],
                     )
                 if o.runs("wide"):
                     results["workloads"]["mixed-1.6KB"] = suite.workload(
@@ -379,6 +401,7 @@ def run(options: Options, out_dir: Path) -> int:
         results["seconds"] = round(time.monotonic() - began, 1)
         results["targets"] = report.targets(results)
         results["scaling"] = report.scaling(results)
+        results["shaping_cost"] = report.shaping_cost(results)
         whole = QUICK if options.quick else FULL  # a mode's own parts: its whole run
         partial = set(options.only.split(",")) != set(whole.only.split(","))
         json_path, md_path, png_path = report.write(results, out_dir, options.only.replace(",", "+") if partial else "")

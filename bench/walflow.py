@@ -12,6 +12,7 @@ after the run: how many changes each process published).
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -84,21 +85,69 @@ class Target:
 #: The environment variable each process's health port comes from (``${…}`` in the config).
 HEALTH_PORT_VARIABLE = "WALFLOW_HEALTH_PORT"
 
+#: The bench table, as a sink's ``tables:`` names it.
+BENCH_TABLE = "public.benchmark_records"
+#: The key of the hash masks of a shaped run (``walflow.mask_secret``).
+MASK_SECRET = "bench-mask-secret"
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """What a shaped run adds to its sink (``config/shaping.py``): ``sink`` keys merged into
+    the sink, ``mask_secret`` as ``walflow.mask_secret``; ``label`` says it in results."""
+
+    key: str
+    label: str
+    sink: dict[str, Any]
+    mask_secret: str | None = None
+
+
+#: ``--shaping`` (issue 16): the sink's shaping of the bench table in a shaped run of (a).
+#: typical: every step that costs per row, none that drops one or needs the database: columns
+#: (one excluded, one renamed, the one string column hash-masked, keep_last on another),
+#: one ``where`` condition every row passes (so as many messages are published as unshaped:
+#: like against like), and a subject with one ``{record.COL}`` token, under
+#: ``<prefix>.<database>.``, which the sink's stream captures. The token is the key
+#: (``id``): the only column a delete's old row has under the table's default replica
+#: identity (a null in a subject is a failure), so each row has a subject of its own.
+SHAPINGS: dict[str, Shaping | None] = {
+    "none": None,
+    "typical": Shaping(
+        "typical",
+        "columns (exclude inserted_at, rename updated_at, hash string_field, keep_last 4 of numeric_field), "
+        "where id >= 0 (every row), subject {prefix}.{database}.{schema}.{table}.{record.id}.{action}",
+        {
+            "tables": [{
+                "name": BENCH_TABLE,
+                "columns": {
+                    "exclude": ["inserted_at"],
+                    "rename": {"updated_at": "modified_at"},
+                    "mask": {"string_field": "hash", "numeric_field": {"keep_last": 4}},
+                },
+                "where": [{"column": "id", "gte": 0}],
+            }],
+            "routing": {"subject": "{prefix}.{database}.{schema}.{table}.{record.id}.{action}"},
+        },
+        mask_secret=MASK_SECRET,
+    ),
+}
+
 
 def write_config(
     path: Path, target: Target | Sequence[Target], *, initial_backfill: bool = False,
-    names: Sequence[str] = (DATABASE_NAME,),
+    names: Sequence[str] = (DATABASE_NAME,), shaping: Shaping | None = None,
 ) -> Path:
     """A walflow config in Sequin's format (``config/walflow.yaml``'s shape): for each
     target a database (named by ``names``, in order) and a sink of its own, ``bench`` for a
     single target, else the database's name. The slots and publications exist already; logs
     are quiet; each process serves /metrics on the port ``WALFLOW_HEALTH_PORT`` gives it.
     ``initial_backfill``: the sinks ask, when they start, for every table they read to be
-    backfilled (``walflow.backfill``'s settings as shipped)."""
+    backfilled (``walflow.backfill``'s settings as shipped). ``shaping``: its keys added to
+    every sink (:data:`SHAPINGS`); None: no shaping, the envelope's unshaped path."""
     targets = [target] if isinstance(target, Target) else list(target)
     if len(names) != len(targets):
         raise ValueError(f"{len(targets)} target(s), {len(names)} database name(s)")
-    config = {
+    config: dict[str, Any] = {
         "databases": [
             {
                 "name": name,
@@ -123,12 +172,15 @@ def write_config(
                     "subject_prefix": t.subject_prefix,
                     "stream": {"name": t.stream, "create_if_not_exists": True},
                 },
+                **(copy.deepcopy(shaping.sink) if shaping is not None else {}),
             }
             for name, t in zip(names, targets, strict=True)
         ],
         "walflow": {"log_level": "warning",
                     "health": {"enabled": True, "port": f"${{{HEALTH_PORT_VARIABLE}}}"}},
     }
+    if shaping is not None and shaping.mask_secret is not None:
+        config["walflow"]["mask_secret"] = shaping.mask_secret
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
