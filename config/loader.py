@@ -71,6 +71,8 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping with databases: and sinks:"])
     restore_keys(marked, data)
+    if isinstance(data.get("transforms"), list):  # an older Sequin's name of functions: (its path transforms)
+        data["functions"] = [*(data.get("functions") or []), *data.pop("transforms")]
     warnings = drop_ignored(Config, data, ())
     problems = resolve_references(marked, data, os.environ if env is None else env)
     warnings += replace_values(Config, data, ())

@@ -642,7 +642,6 @@ class Config(Section):
         "users": "walflow has no users",
         "api_tokens": "walflow has no API",
         "http_endpoints": "walflow only has NATS sinks",
-        "transforms": "walflow does not run Sequin transforms",
         "change_retentions": "walflow does not write change tables",
     }
 
@@ -658,7 +657,9 @@ class Config(Section):
         """A sink's (or its table's) ``filter``, ``transform``, ``routing`` and ``enrichment``
         that name one of ``functions:`` are replaced by that function in walflow's form; an
         Elixir function is an error that says what to write in Python."""
-        if not isinstance(data, dict) or not isinstance(data.get("sinks"), list):
+        if not isinstance(data, dict):
+            return data
+        if not isinstance(data.get("sinks"), list):
             return data
         functions: dict[str, FunctionConfig] = {}
         broken: set[str] = set()  # reported where the list itself is validated, not again per sink

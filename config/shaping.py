@@ -350,7 +350,6 @@ class FunctionConfig(Section):
     ignored)."""
 
     ignored: ClassVar[Mapping[str, str]] = {
-        "description": "a description only",
         "sink_type": "walflow has NATS sinks only",
     }
 
@@ -358,6 +357,8 @@ class FunctionConfig(Section):
     name: str = Field(min_length=1)
     #: Which key of a sink may name it: ``path`` functions go in ``transform``.
     type: Literal["filter", "transform", "path", "routing", "enrichment"]
+    #: For people reading the file; not used.
+    description: str | None = None
     #: Elixir (filter, transform, routing) or SQL (enrichment).
     code: str | None = None
     #: Sequin's file holding ``code``, relative to the config file.

@@ -114,7 +114,6 @@ def test_the_export_loads_with_one_warning_per_key_walflow_does_not_use(caplog: 
         ]),
         ("sequin-plan-fixture.yaml", {}, [
             "http_endpoints is ignored: walflow only has NATS sinks",
-            "transforms is ignored: walflow does not run Sequin transforms",
             "change_retentions is ignored: walflow does not write change tables",
             f"databases[0].pool_size is ignored: {IGNORED_EXPORT_KEYS['pool_size']}",
             f"databases[0].ipv6 is ignored: {IGNORED_EXPORT_KEYS['ipv6']}",
