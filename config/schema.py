@@ -549,6 +549,11 @@ class SinkConfig(Section):
             raise ValueError("group columns are set but message_grouping is false: remove one of them")
         if self.filters and self.table is None:
             raise ValueError("filters at sink level needs table: (or use tables: [{name, filters}])")
+        names = [t.name for t in self.tables]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"tables[{i}]: {name} is listed twice (as tables[{names.index(name)}] too): "
+                                 "give each table one entry, with all of its settings")
         return self
 
     @property

@@ -95,7 +95,7 @@ def _value_mask(mask: TextMask) -> Callable[[Any], str]:
 class ColumnShaper:
     """One table version's ``columns:``: what :meth:`row` and :meth:`pks` publish."""
 
-    __slots__ = ("_key_masks", "_masks", "_plan", "_projects", "masks_key")
+    __slots__ = ("_by_name", "_key_masks", "_left_out", "_masks", "_plan", "_projects", "masks_key", "published")
 
     def __init__(self, columns: Columns, default_secret: str | None, table: Table, path: str) -> None:
         """``default_secret``: ``walflow.mask_secret``, the key of hashes without their own;
@@ -141,6 +141,24 @@ class ColumnShaper:
         self._key_masks = tuple(text_masks.get(names[i]) for i in table.key_positions)
         #: Whether some key column is masked (``record_pks`` and a backfill's row ids then change too).
         self.masks_key = any(mask is not None for mask in self._key_masks)
+        #: The names the published columns have (what templates and transforms see).
+        self.published = tuple(renamed)
+        self._by_name = masks
+        self._left_out = frozenset(names) - set(published)
+
+    def foreign(self, row: Row) -> Row:
+        """A row of another source about this one (an enrichment query's result): its columns named
+        like a masked column of the table masked the same way, like a left-out one left out — the
+        query may select them again (it must select the key)."""
+        if not row or not (self._by_name or self._left_out):
+            return row
+        out: Row = {}
+        for name, value in row.items():
+            if name in self._left_out:
+                continue
+            mask = self._by_name.get(name)
+            out[name] = value if mask is None or value is None else mask(value)
+        return out
 
     def row(self, row: Row) -> Row:
         """``row`` as published: ``record``, ``changes``, Debezium's ``before`` and ``after``. Never

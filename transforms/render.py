@@ -40,13 +40,13 @@ is fatal whatever ``on_error`` says: no row of the table could be shaped.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
-from config.shaping import Enrichment
 from core.errors import FatalError
 from core.events import Change, Message, ReadOf, Row, Table
 from core.metrics import CounterBatch, Metrics
@@ -66,9 +66,11 @@ _Pending = tuple[int, Plan, Change, Table]
 class StepFailed(Exception):
     """One change could not be shaped: which step, and why (the cause is chained)."""
 
-    def __init__(self, step: str, cause: BaseException) -> None:
-        super().__init__(f"{step}: {cause}")
+    def __init__(self, step: str, reason: BaseException) -> None:
+        super().__init__(f"{step}: {reason}")
         self.step = step
+        #: What the messages say (for steps that see unmasked values, without the exception's text).
+        self.reason = reason
 
 
 class Render:
@@ -139,7 +141,12 @@ class Render:
             try:
                 if isinstance(enrichment, StepFailed):
                     raise enrichment
-                out[place] = self._message(plan, change, record, changes, enrichment)
+                try:
+                    out[place] = self._message(plan, change, record, changes, enrichment)
+                except (StepFailed, FatalError):
+                    raise
+                except Exception as exc:  # not swallowed: the policy applies, with the row's position
+                    raise StepFailed("shaping", _unmasked(exc, plan)) from exc
             except StepFailed as failed:
                 out[place] = self._failed(plan, change, failed)
             if out[place] is None:
@@ -148,21 +155,23 @@ class Render:
     def _enrich(self, pending: list[_Pending]) -> list[Any]:
         """Each pending change's enrichment (None without one; a :class:`StepFailed` when its
         query failed): one lookup per table version and query for the whole batch."""
-        wanted: dict[tuple[int, int], tuple[Enrichment, Table, list[tuple[str, ...]]]] = {}
+        wanted: dict[tuple[int, int], tuple[Plan, Table, list[tuple[str, ...]]]] = {}
         for _, plan, change, table in pending:
             if plan.enrichment is not None:
-                wanted.setdefault((id(plan.enrichment), table.uid), (plan.enrichment, table, []))[2].append(change.pks)
+                wanted.setdefault((id(plan.enrichment), table.uid), (plan, table, []))[2].append(change.pks)
         if not wanted:
             return [None] * len(pending)
         found: dict[tuple[int, int], dict[tuple[str, ...], Any] | StepFailed] = {}
-        for place, (spec, table, keys) in wanted.items():
+        for place, (plan, table, keys) in wanted.items():
+            spec = plan.enrichment
+            assert spec is not None
             enricher = self._enrichers.get(id(spec))
             if enricher is None:
                 enricher = self._enrichers[id(spec)] = Enricher(spec, self._database, self._label)
             try:
                 found[place] = enricher.lookup(table, keys)
             except Exception as exc:  # noqa: BLE001 (not swallowed: each of its changes follows on_error)
-                found[place] = _step_failed("enrichment", exc)
+                found[place] = StepFailed("enrichment", _unmasked(exc, plan))
         results: list[Any] = []
         for _, plan, change, table in pending:
             if plan.enrichment is None:
@@ -177,31 +186,30 @@ class Render:
         """One planned change's message, or None when a filter drops it; StepFailed when a step fails."""
         action = change.action
         envelope = self._envelope
-        key = envelope.key(change)
-        metadata = _Lazy(lambda: envelope.metadata(change, change.pks, key, enrichment))
+        clear_key = envelope.key(change)
+        metadata = _Lazy(lambda: envelope.metadata(change, change.pks, clear_key, enrichment))
         if plan.rows is not None and not plan.rows(action, record, changes, change.old):
             return None
         for name, function in plan.filters:
             try:
                 keep = function(action, record, changes, metadata())
             except Exception as exc:
-                raise _step_failed(f"filter {name}", exc) from exc
+                raise StepFailed(f"filter {name}", _unmasked(exc, plan)) from exc
             if type(keep) is not bool:
+                shown = "" if plan.columns is not None else f" {_short(keep)}"
                 raise StepFailed(f"filter {name}", TypeError(
-                    f"returned {type(keep).__name__} {_short(keep)}, not True or False"))
+                    f"returned {type(keep).__name__}{shown}, not True or False"))
             if not keep:
                 return None
-        pks = change.pks
+        key, pks = self._published_key(plan, change)
         before = change.old if action in ("update", "delete") else None
         columns = plan.columns
-        if columns is not None:
+        if columns is not None:  # what is published from here on: masked values, key and enrichment
             record = columns.row(record)
             changes = None if changes is None else columns.row(changes)
             before = None if before is None else columns.row(before)
-            pks = columns.pks(pks)
-            if columns.masks_key and change.read is not None:
-                key = envelope.read_key(change.read.backfill, _hashed(change.read.row_key))
-        if columns is not None:  # what is published from here on: the masked key, the read's hashed id
+            if isinstance(enrichment, dict):
+                enrichment = columns.foreign(enrichment)
             metadata = _Lazy(lambda: envelope.metadata(change, pks, key, enrichment))
         try:
             if plan.transform is not None:
@@ -211,11 +219,11 @@ class Render:
             else:
                 payload = envelope.shaped(change, record, changes, pks, key, enrichment)
         except Exception as exc:
-            raise _step_failed("transform" if plan.transform is not None else "envelope", exc) from exc
+            raise StepFailed("transform" if plan.transform is not None else "envelope", exc) from exc
         try:
             subject, headers = plan.router(action, change.schema, change.table, record, changes, metadata, pks)
         except Exception as exc:
-            raise _step_failed("routing", exc) from exc
+            raise StepFailed("routing", exc) from exc
         return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
                                       0.0 if change.read is not None else change.commit_ts.timestamp(),
                                       subject, headers))
@@ -226,16 +234,13 @@ class Render:
                  f"(commit_idx {change.commit_idx})")
         if self._sink.on_error == "stop":
             raise FatalError(
-                f"{self._label}: {failed.step} failed for {where}: {failed.__cause__ or failed}. Nothing at or "
+                f"{self._label}: {failed.step} failed for {where}: {failed.reason}. Nothing at or "
                 "after it is confirmed: fix it (or set on_error: dead_letter) and restart; it is published then"
             ) from failed
         self._dead.counts[(f"{change.schema}.{change.table}", failed.step.split(" ")[0])] += 1
-        key = self._envelope.key(change)
-        pks = change.pks if plan.columns is None else plan.columns.pks(change.pks)
-        if plan.columns is not None and plan.columns.masks_key and change.read is not None:
-            key = self._envelope.read_key(change.read.backfill, _hashed(change.read.row_key))
+        key, pks = self._published_key(plan, change)
         payload = to_json({
-            "error": {"step": failed.step, "message": str(failed.__cause__ or failed)},
+            "error": {"step": failed.step, "message": str(failed.reason)},
             "sink": self._sink.name,
             "action": change.action,
             "metadata": {
@@ -249,6 +254,18 @@ class Render:
                                       0.0, subject, b""))
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def _published_key(self, plan: Plan, change: Change) -> tuple[bytes, tuple[str, ...]]:
+        """``change``'s idempotency key and ``record_pks`` as published: with a masked key column,
+        the texts masked and a backfill read's row key (which its id names) hidden by a keyed hash."""
+        columns = plan.columns
+        if columns is None or not columns.masks_key:
+            return self._envelope.key(change), change.pks
+        key = self._envelope.key(change)
+        if change.read is not None and plan.id_secret is not None:
+            hidden = hmac.new(plan.id_secret, change.read.row_key.encode(), hashlib.sha256).hexdigest()
+            key = self._envelope.read_key(change.read.backfill, hidden)
+        return key, columns.pks(change.pks)
 
     def close(self) -> None:
         for enricher in self._enrichers.values():
@@ -276,15 +293,13 @@ class _Lazy:
         return self._value
 
 
-def _step_failed(step: str, exc: BaseException) -> StepFailed:
-    failed = StepFailed(step, exc)
-    failed.__cause__ = exc
-    return failed
-
-
-def _hashed(row_key: str) -> str:
-    """A backfill read's row key, when a key column is masked: the id must not carry it in clear."""
-    return hashlib.sha256(row_key.encode()).hexdigest()
+def _unmasked(exc: Exception, plan: Plan) -> Exception:
+    """What a failure of a step that sees the row's unmasked values (filters, enrichment) may say:
+    with columns masked or left out, its type only — its text may quote a value (or a key), and
+    dead letters are published."""
+    if plan.columns is None:
+        return exc
+    return RuntimeError(f"{type(exc).__name__} (its text is not shown: this step sees unmasked values)")
 
 
 def _lsn(lsn: int) -> str:

@@ -386,10 +386,10 @@ class Router:
         if not isinstance(result, Mapping) or set(result) - {"subject", "headers"}:
             wanted = "a mapping of 'subject' (a str) and, optionally, 'headers' (str -> str), nothing else"
             raise RoutingError(f"{what} returned {_described(result)}, not {wanted}")
-        subject = result.get("subject")
-        if type(subject) is not str:
+        subject = result.get("subject")  # left out: the default subject, as Sequin merges its defaults
+        if subject is not None and type(subject) is not str:
             raise RoutingError(f"{what} returned 'subject' {_described(subject)}, not a str")
-        problem = subject_problem(subject) or self._rendered_problem(subject)
+        problem = None if subject is None else subject_problem(subject) or self._rendered_problem(subject)
         if problem is not None:
             raise RoutingError(f"{what} returned subject '{subject}': {problem}")
         headers = result.get("headers")
@@ -413,7 +413,7 @@ class Router:
         out = _encoded("".join(lines), what)
         if self._key_header is not None:
             out += self._key_line + orjson.dumps(pks) + b"\r\n"
-        return subject.encode(), out
+        return None if subject is None else subject.encode(), out
 
     def dead_letter(self, action: str, schema: str, table: str) -> bytes:
         """The subject of a message's dead letter (``dead_letter_subject``); a FatalError when it

@@ -15,6 +15,7 @@ replace the sink's; ``columns`` exist per table only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from config.shaping import (
     ToastPolicy,
     TransformFunction,
 )
+from core.errors import FatalError
 from core.events import Table
 from transforms.columns import ColumnShaper
 from transforms.conditions import RowFilter
@@ -48,7 +50,9 @@ class Plan:
     columns: ColumnShaper | None
     transform: Transformer | None
     router: Router
-    debezium: bool
+    #: The key of the hash that hides a backfill read's row key in its id, when a key column
+    #: is masked (None: none is masked).
+    id_secret: bytes | None
 
 
 class Shaping:
@@ -75,7 +79,6 @@ class Shaping:
             self._load(table.filter, f"{self._path}.tables[{i}].filter")
             self._load(table.routing, f"{self._path}.tables[{i}].routing")
         self._load(sink.routing, f"{self._path}.routing")
-        self.dead_letter = sink.on_error == "dead_letter"
         #: Whether any table of this sink may need a plan: without, every message is unshaped.
         self.active = bool(
             self._filter or self._transform or _given(sink.routing) or _given(sink.enrichment) or sink.filters
@@ -120,10 +123,35 @@ class Shaping:
         route_spec = routing if isinstance(routing, (SubjectRouting, RoutingFunction)) else None
         route_key = (f"{where}.routing" if config is not None and config.routing is not None
                      else f"{self._path}.routing")
+        if isinstance(route_spec, SubjectRouting):
+            _check_templates(route_spec, route_key, table,
+                             table.columns if columns is None else columns.published)
+        id_secret = None
+        if columns is not None and columns.masks_key:
+            if self._secret is None:
+                raise FatalError(
+                    f"{where}.columns: a key column of table {table.qualified} is masked, so a backfill's read ids "
+                    "(which name the row's key) hide it with a keyed hash: set walflow.mask_secret")
+            id_secret = self._secret.encode()
         router = Router(route_spec, self._load(route_spec, route_key), sink, self.database.name,
                         self._stream_subjects, key=route_key, dead_letter_key=f"{self._path}.dead_letter_subject")
         return Plan(toast, enrichment if isinstance(enrichment, Enrichment) else None, rows, tuple(callables),
-                    columns, self._transform, router, sink.envelope == "debezium")
+                    columns, self._transform, router, id_secret)
+
+
+#: A template's placeholder of a row's column: ``{record.COLUMN}`` or ``{record.COLUMN.KEY…}``.
+_RECORD = re.compile(r"\{record\.([^.}]+)")
+
+
+def _check_templates(routing: SubjectRouting, key: str, table: Table, published: tuple[str, ...]) -> None:
+    """A template naming a column the table does not publish could route no row: stop, naming
+    the key, whatever ``on_error`` says (every row would be a dead letter)."""
+    for where, template in ((f"{key}.subject", routing.subject),
+                            *((f"{key}.headers.{name}", value) for name, value in routing.headers.items())):
+        for column in _RECORD.findall(template):
+            if column not in published:
+                raise FatalError(f"{where}: '{{record.{column}}}' names no published column of table "
+                                 f"{table.qualified} (published: {', '.join(published)})")
 
 
 def _given(spec: object) -> bool:

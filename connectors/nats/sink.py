@@ -99,6 +99,9 @@ class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
     def close(self) -> None:
         with self._runtime.guard(f"{self._label}: closing"):
             self._runtime.run(self._publisher.close())
+            close = getattr(self._render, "close", None)  # a render may hold connections (enrichment)
+            if close is not None:
+                close()
 
 
 class JetStreamSink(FixedPartitionedSink[Any, SinkState]):

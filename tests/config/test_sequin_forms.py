@@ -387,3 +387,10 @@ def test_a_secret_masked_by_an_export_warns(caplog: pytest.LogCaptureFixture, ma
 def test_a_real_secret_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
     _, warnings = warnings_of(caplog, MINIMAL.replace("database: app\n", "database: app\n    password: 'pa**word'\n", 1))
     assert warnings == []
+
+
+def test_a_table_listed_twice_is_refused() -> None:
+    assert errors_of(sink("    tables: [{ name: orders, columns: { mask: { email: redact } } }, "
+                          "{ name: public.orders, where: [{ column: id, gt: 1 }] }]\n")) == [
+        "sinks[0]: tables[1]: public.orders is listed twice (as tables[0] too): give each table one entry, with all "
+        "of its settings"]

@@ -231,3 +231,10 @@ def test_a_hash_without_any_secret_is_refused() -> None:
         shaper(secret=None, mask={"ssn": "hash"})
     assert shaper(secret=None, mask={"ssn": {"hash": True, "secret": "own"}}).row(ROW)["ssn"] == hashed(
         "123-45-6789", "own")
+
+
+
+def test_an_enrichment_row_is_masked_like_the_tables_columns_of_its_names() -> None:
+    masked = shaper(exclude=["note"], mask={"email": "redact"})
+    assert masked.foreign({"id": 1, "email": "ann@example.com", "note": "x", "team": "a"}) == {
+        "id": 1, "email": "[redacted]", "team": "a"}

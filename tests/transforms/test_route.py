@@ -386,12 +386,16 @@ def test_a_function_is_called_as_sequin_calls_it_and_gives_subject_and_headers()
     assert _route(_function_router(lambda *_: {"subject": "wf.app.x", "headers": None})) == (b"wf.app.x", b"")
 
 
+def test_a_function_may_leave_the_subject_to_walflow_as_sequins_merge_does() -> None:
+    subject, headers = _route(_function_router(lambda *_: {"headers": {"X-Tenant": "acme"}}))
+    assert (subject, headers) == (None, b"X-Tenant: acme\r\n")
+
+
 @pytest.mark.parametrize(("returned", "error"), [
     (None, r"returned a NoneType \(None\), not a mapping of 'subject' \(a str\) and, optionally, 'headers'"),
     ("wf.app.x", r"returned a str \('wf\.app\.x'\), not a mapping"),
     ({"subjetc": "wf.app.x"}, r"returned a dict \(\{'subjetc': 'wf\.app\.x'\}\), not a mapping"),
     ({"subject": "wf.app.x", "extra": 1}, "not a mapping of 'subject'"),
-    ({"headers": {}}, r"returned 'subject' a NoneType \(None\), not a str"),
     ({"subject": b"wf.app.x"}, r"returned 'subject' a bytes \(b'wf\.app\.x'\), not a str"),
     ({"subject": "wf.app..x"}, r"returned subject 'wf\.app\.\.x': it has an empty token"),
     ({"subject": "wf.app.>"}, "wildcard token"),

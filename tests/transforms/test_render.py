@@ -1,0 +1,113 @@
+"""A sink partition's shaped path without servers: what may reach a message when a step fails
+or a key column is masked (nothing in clear), and the errors a plan raises for a config that
+cannot fit its table (fatal whatever ``on_error`` says)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config.schema import SinkConfig
+from core.errors import FatalError
+from core.events import Message, ReadOf
+from core.wire import DESCRIBE, pack
+from tests.transforms.samples import make_database, make_sink
+from tests.transforms.test_dispatch import change, typed_table
+from transforms.render import Render
+from transforms.shape import Shaping
+
+SECRET = "s3cret"
+STREAM = ("wf.>",)
+
+
+def _render(sink: SinkConfig, tmp_path: Path | None = None) -> Render:
+    db = make_database()
+    return Render(sink, db, Shaping(sink, db, 0, tmp_path, SECRET, STREAM))
+
+
+def _messages(render: Render, *changes: Any) -> list[Message]:
+    table = changes[0].table
+    return render([[(DESCRIBE, table), *(pack(c) for c in changes)]])
+
+
+def _sink(**fields: Any) -> SinkConfig:
+    return make_sink(destination={"type": "nats", "host": "localhost", "subject_prefix": "wf"}, **fields)
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Any:
+    def write(name: str, source: str) -> None:
+        (tmp_path / f"{name}.py").write_text(source)
+        sys.modules.pop(name, None)
+    return write
+
+
+def test_a_failing_filter_on_a_masked_table_says_its_type_only(tmp_path: Path, module: Any) -> None:
+    module("leaky", "def keep(action, record, changes, metadata):\n    raise ValueError(record['status'])\n")
+    sink = _sink(filter={"python": "leaky:keep"}, on_error="dead_letter",
+                 tables=[{"name": "public.orders", "columns": {"mask": {"status": "redact"}}}])
+    (message,) = _messages(_render(sink, tmp_path), change(typed_table(), 7))
+    dead = json.loads(message.payload)
+    assert dead["error"] == {"step": "filter leaky:keep",
+                             "message": "ValueError (its text is not shown: this step sees unmasked values)"}
+    assert b"paid" not in message.payload and message.subject == b"wf.app.dead_letter"
+
+
+def test_a_filter_returning_a_value_on_a_masked_table_does_not_quote_it(tmp_path: Path, module: Any) -> None:
+    module("quoting", "def keep(action, record, changes, metadata):\n    return record['status']\n")
+    sink = _sink(filter={"python": "quoting:keep"}, on_error="dead_letter",
+                 tables=[{"name": "public.orders", "columns": {"mask": {"status": "hash"}}}])
+    (message,) = _messages(_render(sink, tmp_path), change(typed_table(), 7))
+    assert json.loads(message.payload)["error"]["message"] == "returned str, not True or False"
+
+
+def test_stop_names_the_rows_position(tmp_path: Path, module: Any) -> None:
+    module("strict", "def keep(action, record, changes, metadata):\n    raise KeyError('x')\n")
+    render = _render(_sink(filter={"python": "strict:keep"}), tmp_path)
+    with pytest.raises(FatalError, match=r"filter strict:keep failed for public.orders insert at commit LSN "
+                                         r"0/6B \(commit_idx 0\): 'x'\. Nothing at or after it is confirmed"):
+        _messages(render, change(typed_table(), 7))
+
+
+def test_a_read_of_a_masked_key_names_it_by_a_keyed_hash() -> None:
+    sink = _sink(tables=[{"name": "public.orders", "columns": {"mask": {"id": "hash"}}}])
+    read = change(typed_table(), 7, "read", read=ReadOf("app-to-nats", "bf1", '["7"]'))
+    (message,) = _messages(_render(sink), read)
+    named = base64.b64decode(message.msg_id).decode()
+    hidden = named.removeprefix("app/app-to-nats/read/bf1/")
+    assert len(hidden) == 64 and '["7"]' not in named
+    assert hashlib.sha256(b'["7"]').hexdigest() not in named  # keyed: not found by hashing candidate keys
+    assert json.loads(message.payload)["metadata"]["record_pks"] != ["7"]
+
+
+def test_a_template_naming_a_column_the_table_does_not_publish_is_fatal_even_with_dead_letters() -> None:
+    sink = _sink(on_error="dead_letter", routing={"subject": "{prefix}.{database}.{record.tenant}"})
+    with pytest.raises(FatalError, match=r"sinks\[0\]\.routing\.subject: '\{record\.tenant\}' names no published "
+                                         r"column of table public\.orders"):
+        _messages(_render(sink), change(typed_table(), 7))
+
+
+def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, module: Any) -> None:
+    module("odd", "def keep(action, record, changes, metadata):\n    return True\n")
+    sink = _sink(filter={"python": "odd:keep"}, on_error="dead_letter",
+                 tables=[{"name": "public.orders", "where": [{"column": "status", "eq": "paid"}]}])
+    render = _render(sink, tmp_path)
+    broken = change(typed_table(), 7)
+    plan = render._shaping.plan(broken.table)  # type: ignore[union-attr]
+    assert plan is not None
+
+    def failing(*_: Any) -> bool:
+        raise AssertionError("a bug in a step")
+
+    object.__setattr__(plan, "rows", failing)
+    table = broken.table
+    render._tables[table.uid] = table
+    render._plans[table.uid] = plan
+    (message,) = render([[pack(broken)]])
+    assert json.loads(message.payload)["error"]["step"] == "shaping"
