@@ -358,3 +358,62 @@ def test_a_sequin_file_with_an_elixir_function_says_what_to_write_in_python(
     assert fatal_line(done).startswith("walflow: invalid walflow config")
     assert "sinks[0].transform: function 'my-transform' is Elixir code" in done.stderr
     assert "def transform(action, record, changes, metadata)" in done.stderr and "python: module:function" in done.stderr
+
+
+def test_nothing_masked_leaves_in_clear_through_reads_enrichment_or_dead_letters(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    """A masked key and a masked column, read by a backfill, enriched by a query that selects them
+    again, and failing in a filter that sees them in clear: every message checked byte for byte."""
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE members (email text PRIMARY KEY, phone text, plan text)")
+        conn.execute("INSERT INTO members VALUES ('ada.private@example.com', '+44-7700-900123', 'gold'), "
+                     "('grace.h@example.com', '+1-555-0100', 'free')")
+    _module(tmp_path, "judge", """
+        def keep(action, record, changes, metadata):
+            if record["plan"] == "broken":
+                raise ValueError("cannot judge " + record["email"])
+            return True
+        """)
+    sink: dict[str, Any] = {"name": "members", "initial_backfill": True, "partition_count": 1, "on_error": "dead_letter",
+            "filter": {"python": "judge:keep"}, "enrichment": "again",
+            "routing": {"subject": "{prefix}.{database}.members.{record.email}", "key_header": "Walflow-Key"},
+            "tables": [{"name": "public.members", "columns": {"mask": {"email": "hash", "phone": {"keep_last": 2}}}}],
+            "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
+    config = write_config(tmp_path, database, nats_srv, names, [sink], mask_secret=SECRET)
+    config.write_text(config.read_text() + textwrap.dedent("""\
+        functions:
+          - name: again
+            type: enrichment
+            code: SELECT email, phone, upper(plan) AS plan_name FROM members WHERE email = ANY($1)
+        """))
+
+    def workload(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("INSERT INTO members VALUES ('linus.t@example.com', '+358-40-1234567', 'broken')")
+        conn.execute("UPDATE members SET plan = 'silver' WHERE email = 'grace.h@example.com'")
+
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: len(stored(nats_srv.url, names.stream)) >= 2, timeout=60, what="the backfill's reads",
+                 check=lambda: assert_running(proc))
+        with database.connect() as conn:
+            workload(conn)
+        end = database.current_lsn()
+        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the slot to pass the workload",
+                 check=lambda: assert_running(proc))
+    events = stored(nats_srv.url, names.stream)
+    clear = [b"ada.private@example.com", b"grace.h@example.com", b"linus.t@example.com", b"7700-900123",
+             b"555-0100", b"40-1234567"]
+    for e in events:
+        raw = _raw(e) + base64.b64decode(e.msg_id)
+        for value in clear:
+            assert value not in raw, (value, e)
+    by_action = sorted((e.event.get("action"), "error" in e.event) for e in events)
+    assert by_action == [("insert", True), ("read", False), ("read", False), ("update", False)]
+    reads = [e for e in events if e.event.get("action") == "read"]
+    assert {e.event["record"]["email"] for e in reads} == {_hash("ada.private@example.com"),
+                                                          _hash("grace.h@example.com")}
+    assert all(e.event["metadata"]["enrichment"]["email"] == e.event["record"]["email"] for e in reads)
+    assert {e.event["metadata"]["enrichment"]["plan_name"] for e in reads} == {"GOLD", "FREE"}
+    dead = next(e for e in events if "error" in e.event)
+    assert dead.event["error"]["message"].startswith("ValueError (its text is not shown")
+    assert dead.event["metadata"]["record_pks"] == [_hash("linus.t@example.com")]
