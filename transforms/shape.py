@@ -15,6 +15,7 @@ replace the sink's; ``columns`` exist per table only.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,12 @@ from core.errors import FatalError
 from core.events import Table
 from transforms.columns import ColumnShaper
 from transforms.conditions import RowFilter
+from transforms.filter import SinkFilter
 from transforms.functions import Function, load_function
 from transforms.payload import Transformer
 from transforms.route import Router
+
+log = logging.getLogger("walflow.shaping")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,11 @@ class Shaping:
         self._beside = beside
         self._stream_subjects = stream_subjects
         self._tables: dict[str, tuple[int, TableConfig]] = {t.name: (i, t) for i, t in enumerate(sink.tables)}
+        reads = SinkFilter(sink)
+        for i, table in enumerate(sink.tables):
+            if not reads.receives(table.name.partition(".")[0], table.name):
+                log.warning("%s.tables[%d]: the sink does not read %s (its source or table rules leave it out): "
+                            "its settings apply to nothing", self._path, i, table.name)
         self._functions: dict[str, Function] = {}
         self._filter = self._load(sink.filter, f"{self._path}.filter")
         transform = sink.transform if isinstance(sink.transform, (PathTransform, TransformFunction)) else None

@@ -111,3 +111,13 @@ def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, 
     render._plans[table.uid] = plan
     (message,) = render([[pack(broken)]])
     assert json.loads(message.payload)["error"]["step"] == "shaping"
+
+
+def test_a_tables_entry_the_sink_does_not_read_warns_at_startup(caplog: pytest.LogCaptureFixture) -> None:
+    sink = _sink(source={"include_tables": ["public.orders"]},
+                 tables=[{"name": "public.ordres", "columns": {"mask": {"status": "redact"}}}])
+    with caplog.at_level("WARNING", "walflow.shaping"):
+        _render(sink)
+    assert [r.getMessage() for r in caplog.records] == [
+        "sinks[0].tables[0]: the sink does not read public.ordres (its source or table rules leave it out): its "
+        "settings apply to nothing"]
