@@ -28,9 +28,9 @@ Metrics (:mod:`core.metrics`): each acknowledgement is counted under its message
 table and action and its commit → ack latency observed, in plain ints, added to the
 process's metrics once per share of the window acknowledged and at every
 :meth:`AckPublisher.settle`; retries and error acknowledgements are counted as they are
-handled. A message on its default subject is counted by that subject (one bytes key per
-table and action, the cheapest lookup per ack); a routed one by its names, since its
-subject may be its own.
+handled. Every acknowledgement is counted by the default subject of its message's names,
+even a routed message's (its own subject may be one per row, or one for several tables):
+one bytes key per table and action, the cheapest lookup per ack.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, replace
+from typing import Final, cast
 
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import StreamSetupError
@@ -85,23 +85,16 @@ class PermanentPublishError(FatalError):
     """JetStream refused a message for a reason that retrying cannot fix."""
 
 
-#: What an acknowledgement is counted under: a default subject, or a routed message's
-#: (schema, table, action) (see the module's docstring).
-_Counted = bytes | tuple[str, str, str]
-
-
 @dataclass(slots=True)
 class _InFlight:
     message: Message
+    #: The default subject of the message's names: where it is published unless it is a
+    #: :class:`_Routed`, and what its acknowledgement is counted under.
     subject: bytes
     #: When the message was first sent, and this partition's last acked sequence then:
     #: a message stored but unacknowledged has a higher sequence than that.
     first_sent: float
     floor_seq: int
-    #: What its acknowledgement is counted under (:data:`_Counted`).
-    counted: _Counted
-    #: Header lines after ``Nats-Msg-Id`` (:attr:`core.events.Message.headers`).
-    headers: bytes = b""
     seq: int = 0  # the stream sequence, once acknowledged
     error: PublishError | None = None
 
@@ -109,13 +102,33 @@ class _InFlight:
     def done(self) -> bool:
         return self.seq > 0 or self.error is not None
 
+    @property
+    def published_on(self) -> str:
+        return self.subject.decode()
+
+
+@dataclass(slots=True)
+class _Routed(_InFlight):
+    """A message with a subject or headers of its own (:attr:`core.events.Message.subject`):
+    a class of its own, so that an unrouted one costs nothing more than before."""
+
+    #: The subject it is published on (its default one when only its headers are its own).
+    routed: bytes = b""
+    #: Header lines after ``Nats-Msg-Id``.
+    headers: bytes = b""
+
+    @property
+    def published_on(self) -> str:
+        return self.routed.decode()
+
 
 #: One ``HPUB`` command, as the NATS protocol spells it: subject, reply subject (the inbox's
-#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` and the
-#: message's other header lines (none on the default path) in the header block, the payload.
-#: One format per message: this runs for every message.
-_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
-#: The header block's size without the id and the other header lines.
+#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` in the
+#: header block, the payload. One format per message: this runs for every message.
+_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n"
+#: :data:`_HPUB` with a routed message's own header lines after the id.
+_HPUB_HEADERS: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
+#: The header block's size without the id (nor a routed message's own lines).
 _HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 
 
@@ -144,8 +157,8 @@ class AckPublisher:
         self._database = database
         #: (schema, table, action) -> default subject, encoded: a database has far fewer tables than changes.
         self._subjects: dict[tuple[str, str, str], bytes] = {}
-        #: default subject -> (schema, table, action): what its acknowledgements are counted under.
-        self._names: dict[bytes, tuple[str, str, str]] = {}
+        #: default subject -> (schema.table, action): the labels its acknowledgements are counted under.
+        self._names: dict[bytes, tuple[str, str]] = {}
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
         # would store it twice if its ack was lost, so ask the stream what it holds first.
@@ -169,8 +182,9 @@ class AckPublisher:
         metrics = metrics or Metrics()
         self._sink = sink
         self._metrics = metrics
-        self._published: CounterBatch[_Counted] = CounterBatch(metrics.changes_published, self._labels)
-        self._acked = self._published.counts  # by _InFlight.counted, in _on_ack
+        self._published: CounterBatch[bytes] = CounterBatch(
+            metrics.changes_published, lambda subject: (sink, *self._names[subject]))
+        self._acked = self._published.counts  # by default subject, in _on_ack
         self._latency = metrics.commit_to_ack.batch(sink)
         self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
         self._window_wait = metrics.backpressure.labels("sink_window")
@@ -184,28 +198,20 @@ class AckPublisher:
             await self._nc.unsubscribe_direct(self._sid)
 
     def _entry(self, message: Message, first_sent: float, floor_seq: int) -> _InFlight:
-        """``message`` in the window: on its routed subject, else on its default one,
+        """``message`` in the window, on its routed subject or its default one,
         ``<prefix>.<database>.<schema>.<table>.<action>``. Runs per message."""
         key = message[:3]
-        if len(message) > 6:  # built with subject and headers (the envelope's six fields have neither)
-            routed = message[6]
-            if routed is not None:
-                return _InFlight(message, routed, first_sent, floor_seq, key, message[7])
-            headers = message[7]
-        else:
-            headers = b""
         subject = self._subjects.get(key) or self._default_subject(key)
-        return _InFlight(message, subject, first_sent, floor_seq, subject, headers)
+        # a Message of six fields (the envelope's) has neither subject nor headers: core.events.Message
+        if len(message) > 6 and (message[6] is not None or message[7]):
+            return _Routed(message, subject, first_sent, floor_seq, 0, None, message[6] or subject, message[7])
+        return _InFlight(message, subject, first_sent, floor_seq)
 
     def _default_subject(self, key: tuple[str, str, str]) -> bytes:
-        subject = self._subjects[key] = route.subject(self._subject_prefix, self._database, *key).encode()
-        self._names[subject] = key
+        schema, table, action = key
+        subject = self._subjects[key] = route.subject(self._subject_prefix, self._database, schema, table, action).encode()
+        self._names[subject] = (f"{schema}.{table}", action)
         return subject
-
-    def _labels(self, counted: _Counted) -> tuple[str, str, str]:
-        """The labels (sink, schema.table, action) of acknowledgements counted under ``counted``."""
-        schema, table, action = self._names[counted] if isinstance(counted, bytes) else counted
-        return self._sink, f"{schema}.{table}", action
 
     async def publish(self, messages: list[Message]) -> None:
         """Send ``messages`` in order, keeping at most ``window`` unacknowledged.
@@ -273,7 +279,7 @@ class AckPublisher:
                     retries["ack_timeout"] += 1
                 elif not error.retryable:
                     raise PermanentPublishError(
-                        f"JetStream refused {entry.subject.decode()} (Nats-Msg-Id {entry.message.msg_id}): {error}"
+                        f"JetStream refused {entry.published_on} (Nats-Msg-Id {entry.message.msg_id}): {error}"
                     )
                 else:
                     reason = str(error)
@@ -305,8 +311,7 @@ class AckPublisher:
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            await self._send([_InFlight(old.message, old.subject, old.first_sent, old.floor_seq, old.counted, old.headers)
-                              for old in failed])
+            await self._send([replace(old, seq=0, error=None) for old in failed])
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
@@ -357,18 +362,28 @@ class AckPublisher:
         for entry in entries:
             message = entry.message
             inflight.append(entry)
-            msg_id, payload, extra = message.msg_id.encode(), message.payload, entry.headers
-            headers = _HEADERS_SIZE + len(msg_id) + len(extra)
+            msg_id, payload = message.msg_id.encode(), message.payload
+            # two branches, not one with a header block per message: the unrouted one, every
+            # message of most sinks, stays exactly as cheap as before routing existed
+            if type(entry) is _InFlight:  # on its default subject, Nats-Msg-Id only
+                headers = _HEADERS_SIZE + len(msg_id)
+                size = headers + len(payload)
+                if size > max_payload:
+                    entry.error = _too_large(size, max_payload)
+                    break  # nothing after it is sent, nor put in the window
+                token += 1
+                waiting[token] = entry
+                append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
+                continue
+            routed = cast(_Routed, entry)
+            headers = _HEADERS_SIZE + len(msg_id) + len(routed.headers)
             size = headers + len(payload)
-            if size > max_payload:  # the server would drop the connection: refuse it here, by name
-                entry.error = PublishError(
-                    f"the message is larger than the server's max_payload ({size} > {max_payload} bytes "
-                    "with its headers)", False
-                )
-                break  # nothing after it is sent, nor put in the window
+            if size > max_payload:
+                entry.error = _too_large(size, max_payload)
+                break
             token += 1
             waiting[token] = entry
-            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, extra, payload))
+            append(_HPUB_HEADERS % (routed.routed, prefix, token, headers, size, msg_id, routed.headers, payload))
         self._token = token
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
@@ -400,15 +415,21 @@ class AckPublisher:
         found = _SEQ.search(data)
         if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
-            self._acked[entry.counted] += 1
+            self._acked[entry.subject] += 1
             if committed := entry.message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)
         else:
-            entry.error = _ack_error(entry.subject.decode(), data, headers)
+            entry.error = _ack_error(entry.published_on, data, headers)
             self._failed = True
         wake = self._wake
         if wake is not None and wake[0] is entry and not wake[1].done():
             wake[1].set_result(None)
+
+
+def _too_large(size: int, max_payload: int) -> PublishError:
+    """A message the server would drop the connection over: refused here, by name."""
+    return PublishError(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with its "
+                        "headers)", False)
 
 
 def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError:
