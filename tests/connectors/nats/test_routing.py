@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -172,3 +173,37 @@ def test_the_replay_scan_finds_this_sinks_routed_messages_and_ignores_other_sink
     finally:
         if unrouted._nc is not None:
             runtime.run(unrouted._nc.close())
+
+
+def test_a_routed_message_sent_again_keeps_its_subject_and_headers(
+    dest: NatsDestination, names: TestNames
+) -> None:
+    """No stream yet: JetStream answers 503 until one captures the subjects, and the re-sends
+    go out as the messages were first sent."""
+    prefix = names.subject_prefix
+    client = runtime.run(connect(dest, name="walflow-test"))
+    try:
+        publisher = _publisher(client, names)
+        messages = [
+            Message("public", "t", "insert", b"{}", "r-1", 0.0, f"{prefix}.tenants.a".encode(), b"X-A: 1\r\n"),
+            Message("public", "t", "insert", b"{}", "r-2"),
+        ]
+        done = threading.Event()
+
+        def publish() -> None:
+            runtime.run(publisher.publish(messages))
+            runtime.run(publisher.settle())
+            done.set()
+
+        worker = threading.Thread(target=publish)
+        worker.start()
+        assert not done.wait(1.0)  # refused ("no responders") and retried
+        runtime.run(ensure_stream(client, dest, "app", "app"))
+        worker.join(60)
+        assert done.is_set()
+        assert runtime.run(_stored(client, names.stream)) == [
+            (f"{prefix}.tenants.a", b"{}", b"NATS/1.0\r\nNats-Msg-Id: r-1\r\nX-A: 1\r\n\r\n"),
+            (f"{prefix}.app.public.t.insert", b"{}", b"NATS/1.0\r\nNats-Msg-Id: r-2\r\n\r\n"),
+        ]
+    finally:
+        runtime.run(client.close())
