@@ -27,8 +27,8 @@ subject and headers of its own; a :class:`Router` renders them per message, for
   :func:`core.tokens.subject_token`, so a value never adds or removes a token; in a header
   it is written as it is, but must hold no CR or LF.
 - **A routing function** is called ``fn(action, record, changes, metadata)`` and returns a
-  mapping: ``subject`` (a str, used as it is) and optionally ``headers`` (str → str), nothing
-  else.
+  mapping of ``subject`` (a str, used as it is; left out or None: the default subject, as
+  Sequin merges its defaults) and ``headers`` (str → str, optional), nothing else.
 - **Every routed subject** follows NATS's rules for a subject published on: at most
   :data:`MAX_SUBJECT_BYTES` bytes of UTF-8 (the server reads it in a control line it caps at
   4 KiB by default and closes the connection over), no whitespace or control character, no
