@@ -54,7 +54,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, cast
 from uuid import UUID
 
 import orjson
@@ -91,6 +91,27 @@ _RECORD: Final = 2
 _METADATA: Final = 3
 #: What a template renders where a message's value will be, to check it once at build time.
 _SAMPLE: Final = "x"
+#: What :func:`core.tokens.subject_token` escapes that a printable text may hold.
+_UNSAFE: Final = re.compile(r"[.*>% ]")
+_MISSING: Final = object()
+
+
+#: A template's parts with a table's and action's names written in (:meth:`_Template.bind`).
+_Bound = tuple[tuple[int, Any], ...]
+
+
+class _Shared(NamedTuple):
+    """What the messages of one table and action share (:meth:`Router._once`)."""
+
+    #: Rendered once; None: the default subject, or one that holds a row's values.
+    subject: bytes | None
+    #: Rendered once, unless a header holds a row's values.
+    headers: bytes
+    #: A subject holding a row's values, bound; and whether its start proves it captured.
+    bound: _Bound | None
+    proven: bool
+    #: Every header, bound, when one of them holds a row's values (else empty).
+    row_headers: tuple[tuple[str, _Template, _Bound], ...]
 
 
 class RoutingError(ValueError):
@@ -122,8 +143,9 @@ def subject_problem(subject: str) -> str | None:
 
 
 class _Template:
-    """One template, compiled: literal texts and placeholders, rendered from a tuple of names,
-    a record and the metadata. ``escape``: each value becomes one subject token."""
+    """One template, compiled: literal texts and placeholders. A router binds its names once per
+    table and action (:meth:`bind`) and renders the bound parts with a row's values
+    (:meth:`render`). ``escape``: each value becomes one subject token."""
 
     __slots__ = ("escape", "parts", "per_message", "per_row", "text", "where")
 
@@ -159,24 +181,34 @@ class _Template:
         #: Whether it holds anything a router does not know when it is built.
         self.per_message = any(kind != _TEXT and not (kind == _NAME and value in _BUILT) for kind, value in merged)
 
-    def render(self, names: tuple[str, ...], record: Row, metadata: Metadata) -> str:
-        """The template with ``names`` (``_NAMES``' order, escaped for a subject), the record's and metadata's values."""
+    def bind(self, names: tuple[str, ...]) -> _Bound:
+        """Its parts with ``names`` (``_NAMES``' order, escaped for a subject) written in: texts and row values."""
+        bound: list[tuple[int, Any]] = []
+        for kind, value in self.parts:
+            if kind == _NAME:
+                kind, value = _TEXT, names[value]
+            if kind == _TEXT and bound and bound[-1][0] == _TEXT:
+                bound[-1] = (_TEXT, bound[-1][1] + value)
+            else:
+                bound.append((kind, value))
+        return tuple(bound)
+
+    def render(self, bound: _Bound, record: Row, metadata: Metadata) -> str:
+        """Its :meth:`bind` parts with the record's and metadata's values."""
         out: list[str] = []
         meta: dict[str, Any] | None = None
-        for kind, value in self.parts:
+        for kind, value in bound:
             if kind == _TEXT:
                 out.append(value)
-            elif kind == _NAME:
-                out.append(names[value])
+                continue
+            if kind == _RECORD:
+                found = _lookup(record, value, "record", self.where)
             else:
-                if kind == _RECORD:
-                    found = _lookup(record, value, "record", self.where)
-                else:
-                    if meta is None:
-                        meta = metadata()
-                    found = _lookup(meta, value, "metadata", self.where)
-                text = _text(found, value, "record" if kind == _RECORD else "metadata", self.where)
-                out.append(subject_token(text) if self.escape else text)
+                if meta is None:
+                    meta = metadata()
+                found = _lookup(meta, value, "metadata", self.where)
+            text = _text(found, value, "record" if kind == _RECORD else "metadata", self.where)
+            out.append(_token(text) if self.escape else text)
         return "".join(out)
 
     def sample(self, names: tuple[str, ...]) -> str:
@@ -214,14 +246,15 @@ def _lookup(row: Mapping[str, Any], path: tuple[str, ...], root: str, template: 
     ``template`` names the template, for the error."""
     value: Any = row
     for depth, step in enumerate(path):
-        if isinstance(value, Mapping):
-            if step not in value:
+        if isinstance(value, (dict, Mapping)):  # a dict, as rows and JSON values are, without the ABC's check
+            found = value.get(step, _MISSING)
+            if found is _MISSING:
                 column = root == "record" and not depth
                 where = "the published record has no column" if column else (
                     f"{'.'.join((root, *path[:depth]))} has no key")
                 known = f" (it has {', '.join(map(str, value)) or 'none'})" if len(value) <= 20 else ""
                 raise RoutingError(f"{template}: {{{'.'.join((root, *path))}}}: {where} '{step}'{known}")
-            value = value[step]
+            value = found
         elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
             value = value[int(step)]
         else:
@@ -251,6 +284,14 @@ def _text(value: Any, path: tuple[str, ...], root: str, template: str) -> str:
         raise RoutingError(f"{where} is a TOASTed value the update did not change, which Postgres did not send "
                            "(REPLICA IDENTITY FULL sends it)")
     raise RoutingError(f"{where} is {_described(value)}: only a text, a number, a UUID or a boolean can be routed by")
+
+
+def _token(text: str) -> str:
+    """:func:`core.tokens.subject_token` of a value, without its Python call per character when
+    nothing needs escaping (the only printable whitespace is the space: tests hold it)."""
+    if text and text.isprintable() and _UNSAFE.search(text) is None:
+        return text
+    return subject_token(text)
 
 
 def _described(value: Any) -> str:
@@ -303,9 +344,8 @@ class Router:
         self._key_line = b"" if key_header is None else f"{key_header}: ".encode()
         #: Whether the headers hold a row's values (else they render once per table and action).
         self._row_headers = any(template.per_row for _, template in self._headers)
-        #: (schema, table, action) -> (subject, or None when it holds a row's values or is the default;
-        #: the headers without a row's values; the names as subjects and headers render them).
-        self._static: dict[tuple[str, str, str], tuple[bytes | None, bytes, tuple[str, ...], tuple[str, ...]]] = {}
+        #: (schema, table, action) -> what its messages share (:meth:`_once`).
+        self._shared: dict[tuple[str, str, str], _Shared] = {}
         # checked only where it is used: an unused key must not keep the sink from starting
         self._dead = (self._compiled(sink.dead_letter_subject, dead_letter_key, rows=False)
                       if sink.on_error == "dead_letter" else _Template(sink.dead_letter_subject, True, dead_letter_key,
@@ -334,43 +374,52 @@ class Router:
         if function is not None:
             return self._called(function, action, record, changes, metadata, pks)
         key = (schema, table, action)
-        static = self._static.get(key)
-        if static is None:
-            static = self._static[key] = self._once(schema, table, action)
-        subject, headers, names, raw = static
-        template = self._subject
-        if template is not None and template.per_row:
-            text = template.render(names, record, metadata)
-            problem = self._rendered_problem(text)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = self._once(schema, table, action)
+        subject, headers, bound, proven, row_headers = shared
+        if bound is not None:
+            template = cast(_Template, self._subject)
+            text = template.render(bound, record, metadata)
+            problem = self._rendered_problem(text, proven)
             if problem is not None:
                 raise RoutingError(f"{template.where} gave subject '{text}': {problem}")
             subject = text.encode()
-        if self._row_headers:
-            headers = self._header_lines(raw, record, metadata)
+        if row_headers:
+            headers = self._header_lines(row_headers, record, metadata)
         if self._key_header is not None:
             headers += self._key_line + orjson.dumps(pks) + b"\r\n"
         return subject, headers
 
-    def _once(self, schema: str, table: str, action: str) -> tuple[bytes | None, bytes, tuple[str, ...], tuple[str, ...]]:
-        """What a table's and action's messages share: the subject and headers without a row's values."""
+    def _once(self, schema: str, table: str, action: str) -> _Shared:
+        """What a table's and action's messages share: the subject and headers rendered, or bound to
+        their names when they hold a row's values."""
         names = (self._names[0], self._names[1], subject_token(schema), subject_token(table), subject_token(action),
                  self._names[5])
         raw = (*self._raw_names[:2], schema, table, action, self._raw_names[5])
-        subject: bytes | None = None
+        subject, bound, proven = None, None, False
         template = self._subject
-        if template is not None and not template.per_row:
-            text = template.render(names, {}, dict)
-            problem = self._rendered_problem(text)
-            if problem is not None:
-                raise RoutingError(f"{template.where} gave subject '{text}' for {schema}.{table} {action}: {problem}")
-            subject = text.encode()
-        headers = b"" if self._row_headers else self._header_lines(raw, {}, dict)
-        return subject, headers, names, raw
+        if template is not None:
+            parts = template.bind(names)
+            if template.per_row:
+                bound, proven = parts, self._proves(parts[0][1] if parts[0][0] == _TEXT else "")
+            else:
+                text = template.render(parts, {}, dict)
+                problem = self._rendered_problem(text)
+                if problem is not None:
+                    raise RoutingError(f"{template.where} gave subject '{text}' for {schema}.{table} {action}: "
+                                       f"{problem}")
+                subject = text.encode()
+        headers = tuple((name, header, header.bind(raw)) for name, header in self._headers)
+        if self._row_headers:
+            return _Shared(subject, b"", bound, proven, headers)
+        return _Shared(subject, self._header_lines(headers, {}, dict), bound, proven, ())
 
-    def _header_lines(self, raw: tuple[str, ...], record: Row, metadata: Metadata) -> bytes:
+    def _header_lines(self, headers: tuple[tuple[str, _Template, _Bound], ...], record: Row,
+                      metadata: Metadata) -> bytes:
         lines: list[str] = []
-        for name, template in self._headers:
-            value = template.render(raw, record, metadata)
+        for name, template, bound in headers:
+            value = template.render(bound, record, metadata)
             if "\r" in value or "\n" in value:
                 raise RoutingError(f"{template.where} gave {value!r}: a header value cannot hold a line break")
             lines.append(f"{name}: {value}\r\n")
@@ -423,7 +472,7 @@ class Router:
         if found is None:
             names = (self._names[0], self._names[1], subject_token(schema), subject_token(table),
                      subject_token(action), self._names[5])
-            text = self._dead.render(names, {}, dict)
+            text = self._dead.render(self._dead.bind(names), {}, dict)
             problem = self._rendered_problem(text)
             if problem is not None:
                 raise FatalError(f"{self._dead.where} gives '{text}' for {schema}.{table} {action}, which cannot be "
@@ -431,20 +480,37 @@ class Router:
             found = self._dead_subjects[key] = text.encode()
         return found
 
-    def _rendered_problem(self, subject: str) -> str | None:
+    def _rendered_problem(self, subject: str, proven: bool = False) -> str | None:
         """Why a subject of valid tokens cannot be this sink's: too long, not in its stream, or
-        (Sequin's ids) outside its database's subjects; None when it can."""
+        (Sequin's ids) outside its database's subjects; None when it can. ``proven``: its
+        template's start already says it is in the stream (:meth:`_proves`)."""
         if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
             return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+        if proven:
+            return None
         if self._inside and not subject.startswith(self._inside):
             return self._outside(subject)
         if not self._captured(subject):
             return self._uncaptured()
         return None
 
+    def _proves(self, lead: str) -> bool:
+        """Whether every subject made of ``lead`` and a row's values is captured by the stream (and,
+        with Sequin's ids, under the database's subjects), so that no row needs checking: a value
+        adds one token at least (never empty, never a '.'), after the tokens ``lead`` holds whole."""
+        if self._inside and not lead.startswith(self._inside):
+            return False
+        whole = lead.split(".")[:-1]
+        return any(pattern[-1] == ">" and len(pattern) - 1 <= len(whole)
+                   and all(token in ("*", held) for token, held in zip(pattern[:-1], whole, strict=False))
+                   for pattern in self._patterns)
+
     def _captured(self, subject: str) -> bool:
         tokens = subject.split(".")
-        return any(tokens_cover(pattern, tokens) for pattern in self._patterns)
+        for pattern in self._patterns:
+            if tokens_cover(pattern, tokens):
+                return True
+        return False
 
     def _uncaptured(self) -> str:
         return (f"the sink's stream does not capture it (its subjects: {', '.join(self._stream_subjects)}), so "

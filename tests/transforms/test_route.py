@@ -244,9 +244,9 @@ def test_templates_without_row_values_render_once_per_table_and_action(monkeypat
     rendered: list[str] = []
     render = route._Template.render
 
-    def counted(self: Any, names: tuple[str, ...], record: Any, metadata: Any) -> str:
+    def counted(self: Any, bound: Any, record: Any, metadata: Any) -> str:
         rendered.append(self.text)
-        return render(self, names, record, metadata)
+        return render(self, bound, record, metadata)
 
     monkeypatch.setattr(route._Template, "render", counted)
     router = _router("{prefix}.{database}.{table}.{action}", headers={"X-Schema": "{schema}"}, key_header="Wf-Key")
@@ -330,6 +330,38 @@ def test_a_template_no_message_could_use_is_refused_when_the_router_is_built(sub
 def test_subject_problems_by_natss_rules(subject: str, problem: str | None) -> None:
     found = subject_problem(subject)
     assert found is None if problem is None else problem in (found or "")
+
+
+def test_the_only_printable_whitespace_is_the_space() -> None:
+    """What the router's fast path of subject_token relies on (transforms.route._token)."""
+    assert [c for c in map(chr, range(0x110000)) if c.isprintable() and (c.isspace() or c in ".*>%")] == [
+        " ", "%", "*", ".", ">"]
+
+
+@given(any_text)
+def test_the_routers_token_is_subject_token(text: str) -> None:
+    assert route._token(text) == subject_token(text)
+
+
+def test_a_template_whose_start_proves_it_captured_checks_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[str] = []
+    captured = Router._captured
+
+    def counted(self: Router, subject: str) -> bool:
+        checked.append(subject)
+        return captured(self, subject)
+
+    monkeypatch.setattr(Router, "_captured", counted)
+    router = _router("{prefix}.{database}.{table}.{record.id}", stream=("wf.app.orders.>", "wf.*.items.*"))
+    assert _route(router, {"id": 1}) == (b"wf.app.orders.1", b"")  # under wf.app.orders.>: proven
+    assert checked == []
+    assert _route(router, {"id": 2}, table="items") == (b"wf.app.items.2", b"")  # wf.*.items.*: checked
+    assert checked == ["wf.app.items.2"]
+    with pytest.raises(RoutingError, match="the sink's stream does not capture it"):
+        _route(router, {"id": 3}, table="other")
+    sequin = _router("{prefix}.{table}.{record.id}", stream=(">",), sink=_sink("sequin"))
+    with pytest.raises(RoutingError, match="with destination.msg_id: sequin every subject must start"):
+        _route(sequin, {"id": 1})  # '>' captures it, but it is outside the database's subjects
 
 
 def test_a_rendered_subject_must_be_captured_by_the_stream() -> None:
