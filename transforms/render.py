@@ -201,6 +201,14 @@ class Render:
                     f"returned {type(keep).__name__}{shown}, not True or False"))
             if not keep:
                 return None
+        if plan.plain:  # the envelope's own payload: only filters, routing or both apply
+            base = envelope(change)
+            try:
+                subject, headers = plan.router(action, change.schema, change.table, record, changes, metadata,
+                                               change.pks)
+            except Exception as exc:
+                raise StepFailed("routing", exc) from exc
+            return base if subject is None and not headers else _new_message(Message, (*base[:6], subject, headers))
         key, pks = self._published_key(plan, change)
         before = change.old if action in ("update", "delete") else None
         columns = plan.columns

@@ -57,6 +57,9 @@ class Plan:
     #: The key of the hash that hides a backfill read's row key in its id, when a key column
     #: is masked (None: none is masked).
     id_secret: bytes | None
+    #: Whether the payload is the envelope's unshaped one (only filters and routing apply):
+    #: the envelope's own path then makes it.
+    plain: bool
 
 
 class Shaping:
@@ -144,8 +147,10 @@ class Shaping:
             id_secret = self._secret.encode()
         router = Router(route_spec, self._load(route_spec, route_key), sink, self.database.name,
                         self._stream_subjects, key=route_key, dead_letter_key=f"{self._path}.dead_letter_subject")
-        return Plan(toast, enrichment if isinstance(enrichment, Enrichment) else None, rows, tuple(callables),
-                    columns, self._transform, router, id_secret)
+        enriched = enrichment if isinstance(enrichment, Enrichment) else None
+        plain = (columns is None and self._transform is None and enriched is None and toast == "placeholder"
+                 and sink.envelope == "sequin")
+        return Plan(toast, enriched, rows, tuple(callables), columns, self._transform, router, id_secret, plain)
 
 
 #: A template's placeholder of a row's column: ``{record.COLUMN}`` or ``{record.COLUMN.KEY…}``.

@@ -121,3 +121,13 @@ def test_a_tables_entry_the_sink_does_not_read_warns_at_startup(caplog: pytest.L
     assert [r.getMessage() for r in caplog.records] == [
         "sinks[0].tables[0]: the sink does not read public.ordres (its source or table rules leave it out): its "
         "settings apply to nothing"]
+
+
+def test_filters_and_routing_alone_keep_the_envelopes_own_payload() -> None:
+    sink = _sink(routing={"subject": "{prefix}.{database}.{table}.{record.status}", "key_header": "Wf-Key"},
+                 tables=[{"name": "public.orders", "where": [{"column": "status", "eq": "paid"}]}])
+    kept = change(typed_table(), 7)
+    (message,) = _messages(_render(sink), kept)
+    unshaped = Render(sink, make_database())([[(DESCRIBE, kept.table), pack(kept)]])[0]
+    assert message[:6] == unshaped[:6]
+    assert (message.subject, message.headers) == (b"wf.app.orders.paid", b'Wf-Key: ["7"]\r\n')
