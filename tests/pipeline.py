@@ -15,20 +15,22 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nats
+import psycopg
 import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from psycopg.conninfo import conninfo_to_dict
 
+from embedded import wait_for
 from embedded._process import Account, ServerProcess
-from tests.harness import Database, Nats, TestNames
+from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,19 +49,20 @@ class Stored:
 
 
 def write_config(
-    path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]], **walflow: Any
+    path: Path, db: Database, nats_srv: Nats, names: TestNames, sinks: list[dict[str, Any]],
+    functions: list[dict[str, Any]] | None = None, **walflow: Any
 ) -> Path:
     """Write ``path/walflow.yaml`` and return its path (the pipeline's log is written next to it).
 
     The test's database is the one database, named ``shop``, with the test's slot and
     publication (both created if missing). Every entry of ``sinks`` reads from ``shop`` and
     publishes to ``nats_srv``; its own keys, and its ``destination`` keys, are merged over
-    those. ``walflow`` keys go under ``walflow:``, over ``log_level: info`` and the health
-    endpoint switched off.
+    those. ``functions`` go under ``functions:`` (Sequin's). ``walflow`` keys go under
+    ``walflow:``, over ``log_level: info`` and the health endpoint switched off.
     """
     params = conninfo_to_dict(db.dsn)
     host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    config = {
+    config: dict[str, Any] = {
         "databases": [
             {
                 "name": "shop",
@@ -81,6 +84,8 @@ def write_config(
         ],
         "walflow": {"log_level": "info", "health": {"enabled": False}, **walflow},
     }
+    if functions:
+        config["functions"] = functions
     target = path / "walflow.yaml"
     target.write_text(yaml.safe_dump(config))
     return target
@@ -103,6 +108,21 @@ def pipeline(
         yield proc
     finally:
         proc.stop(signal.SIGTERM, timeout=15)
+
+
+def run_workload(config: Path, db: Database, workload: Callable[[psycopg.Connection[Any]], object],
+                 *args: str) -> None:
+    """Run the pipeline for ``config`` (``-s 1``, then ``args``), commit ``workload`` once its slot
+    is open, and return once the slot passed all of it: the slot moves only past what
+    JetStream acknowledged, so everything is in the stream then."""
+    with pipeline(config, "-s", "1", *args) as proc:
+        wait_for(lambda: slot_active(db), timeout=60, what="the pipeline to open its slot",
+                 check=lambda: assert_running(proc))
+        with db.connect() as conn:
+            workload(conn)
+        end = db.current_lsn()
+        wait_for(lambda: slot_confirmed(db) >= end, timeout=60, what="the slot to pass the workload",
+                 check=lambda: assert_running(proc))
 
 
 def assert_running(*procs: ServerProcess) -> None:

@@ -14,7 +14,7 @@ from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import assert_running, pipeline, stored, write_config
+from tests.pipeline import assert_running, pipeline, run_workload, stored, write_config
 
 
 @pytest.fixture
@@ -46,16 +46,7 @@ def _workload(conn: psycopg.Connection[Any]) -> None:
 
 
 def _run_workload(config: Path, shop: Database) -> None:
-    """Run the pipeline, commit the workload, and return once all of it is in JetStream:
-    the slot moves only past what JetStream acknowledged."""
-    with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(shop), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: assert_running(proc))
-        with shop.connect() as conn:
-            _workload(conn)
-        end = shop.current_lsn()
-        wait_for(lambda: _confirmed(shop) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: assert_running(proc))
+    run_workload(config, shop, _workload)
 
 
 def test_the_stream_holds_exactly_the_contracts_messages(

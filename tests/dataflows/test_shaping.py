@@ -24,7 +24,16 @@ from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
-from tests.pipeline import Stored, assert_running, fatal_line, pipeline, run_to_exit, stored, write_config
+from tests.pipeline import (
+    Stored,
+    assert_running,
+    fatal_line,
+    pipeline,
+    run_to_exit,
+    run_workload,
+    stored,
+    write_config,
+)
 
 SECRET = "a-secret-for-the-tests"
 #: Values that must never reach the stream in clear.
@@ -57,16 +66,7 @@ def _workload(conn: psycopg.Connection[Any]) -> None:
 
 
 def _run(config: Path, db: Database, workload: Any = _workload, *args: str) -> None:
-    """Run the pipeline, commit ``workload``, and return once the slot passed all of it
-    (the slot moves only past what JetStream acknowledged)."""
-    with pipeline(config, "-s", "1", *args) as proc:
-        wait_for(lambda: _slot_active(db), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: assert_running(proc))
-        with db.connect() as conn:
-            workload(conn)
-        end = db.current_lsn()
-        wait_for(lambda: _confirmed(db) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: assert_running(proc))
+    run_workload(config, db, workload, *args)
 
 
 def _module(tmp_path: Path, name: str, source: str) -> None:
@@ -134,9 +134,8 @@ def test_columns_filters_routing_transforms_and_debezium_in_one_run(
     ]
     for s in sinks:
         s["partition_count"] = 1  # one order for the whole sink: the expected lists are in commit order
-    config = write_config(tmp_path, shop, nats_srv, names, sinks, mask_secret=SECRET)
-    text = config.read_text() + "functions:\n  - name: order-id\n    type: path\n    path: record.id\n"
-    config.write_text(text)
+    config = write_config(tmp_path, shop, nats_srv, names, sinks,
+                          functions=[{"name": "order-id", "type": "path", "path": "record.id"}], mask_secret=SECRET)
     _run(config, shop)
     events = stored(nats_srv.url, names.stream)
 
@@ -285,15 +284,10 @@ def test_enrichment_adds_each_rows_query_result(
         conn.execute("INSERT INTO customers (id, name, tenant) VALUES (1, 'Ada', 'acme'), (2, 'Grace', 'globex')")
     sink = {"name": "enriched", "source": {"include_tables": ["public.orders"]}, "enrichment": "with-customer", "partition_count": 1,
             "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    config = write_config(tmp_path, shop, nats_srv, names, [sink])
-    config.write_text(config.read_text() + textwrap.dedent("""\
-        functions:
-          - name: with-customer
-            type: enrichment
-            code: |-
-              SELECT o.id, c.name AS customer, c.tenant FROM orders o JOIN customers c ON c.id = o.customer_id
-              WHERE o.id = ANY($1)
-        """))
+    query = ("SELECT o.id, c.name AS customer, c.tenant FROM orders o JOIN customers c ON c.id = o.customer_id "
+             "WHERE o.id = ANY($1)")
+    config = write_config(tmp_path, shop, nats_srv, names, [sink],
+                          functions=[{"name": "with-customer", "type": "enrichment", "code": query}])
 
     def workload(conn: psycopg.Connection[Any]) -> None:
         conn.execute("INSERT INTO orders VALUES (30, 1, 'new', 1, NULL), (31, 2, 'new', 1, NULL), "
@@ -346,16 +340,9 @@ def test_a_sequin_file_with_an_elixir_function_says_what_to_write_in_python(
 ) -> None:
     sink = {"name": "sequin", "transform": "my-transform",
             "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    config = write_config(tmp_path, database, nats_srv, names, [sink])
-    config.write_text(config.read_text() + textwrap.dedent("""\
-        functions:
-          - name: my-transform
-            type: transform
-            code: |-
-              def transform(action, record, changes, metadata) do
-                %{id: record["id"]}
-              end
-        """))
+    elixir = 'def transform(action, record, changes, metadata) do\n  %{id: record["id"]}\nend'
+    config = write_config(tmp_path, database, nats_srv, names, [sink],
+                          functions=[{"name": "my-transform", "type": "transform", "code": elixir}])
     done = run_to_exit(config, timeout=60)
     assert fatal_line(done).startswith("walflow: invalid walflow config")
     assert "sinks[0].transform: function 'my-transform' is Elixir code" in done.stderr
@@ -382,13 +369,9 @@ def test_nothing_masked_leaves_in_clear_through_reads_enrichment_or_dead_letters
             "routing": {"subject": "{prefix}.{database}.members.{record.email}", "key_header": "Walflow-Key"},
             "tables": [{"name": "public.members", "columns": {"mask": {"email": "hash", "phone": {"keep_last": 2}}}}],
             "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
-    config = write_config(tmp_path, database, nats_srv, names, [sink], mask_secret=SECRET)
-    config.write_text(config.read_text() + textwrap.dedent("""\
-        functions:
-          - name: again
-            type: enrichment
-            code: SELECT email, phone, upper(plan) AS plan_name FROM members WHERE email = ANY($1)
-        """))
+    query = "SELECT email, phone, upper(plan) AS plan_name FROM members WHERE email = ANY($1)"
+    config = write_config(tmp_path, database, nats_srv, names, [sink], mask_secret=SECRET,
+                          functions=[{"name": "again", "type": "enrichment", "code": query}])
 
     def workload(conn: psycopg.Connection[Any]) -> None:
         conn.execute("INSERT INTO members VALUES ('linus.t@example.com', '+358-40-1234567', 'broken')")
