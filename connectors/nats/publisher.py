@@ -43,7 +43,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Final, cast
+from typing import Final
 
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import StreamSetupError
@@ -126,7 +126,7 @@ class _Routed(_InFlight):
 #: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` in the
 #: header block, the payload. One format per message: this runs for every message.
 _HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n"
-#: :data:`_HPUB` with a routed message's own header lines after the id.
+#: :data:`_HPUB` with a routed message's own header lines after the id (none: the same bytes).
 _HPUB_HEADERS: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
 #: The header block's size without the id (nor a routed message's own lines).
 _HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
@@ -177,6 +177,7 @@ class AckPublisher:
         self._sid: int | None = None
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
         self._failed = False  # JetStream refused a message in the window: settle before sending more
+        self._routes = False  # whether a routed message came: see _send
         self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
         self.last_seq = 0  # the highest stream sequence acknowledged to this partition
         metrics = metrics or Metrics()
@@ -204,6 +205,7 @@ class AckPublisher:
         subject = self._subjects.get(key) or self._default_subject(key)
         # a Message of six fields (the envelope's) has neither subject nor headers: core.events.Message
         if len(message) > 6 and (message[6] is not None or message[7]):
+            self._routes = True  # from now on, _send tells routed entries from the others
             return _Routed(message, subject, first_sent, floor_seq, 0, None, message[6] or subject, message[7])
         return _InFlight(message, subject, first_sent, floor_seq)
 
@@ -355,41 +357,58 @@ class AckPublisher:
             for entry in entries:
                 entry.error = PublishError(reason or "NATS is disconnected", reason is None)
             return not entries
-        max_payload, prefix, waiting = nc.max_payload, self._reply_prefix, self._waiting
-        token = self._token
+        commands = (self._routed_commands if self._routes else self._commands)(entries, nc.max_payload)
+        if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
+            for entry in entries[: len(commands)]:
+                entry.error = PublishError("NATS is disconnected", True)
+            return False
+        return len(commands) == len(entries)
+
+    def _commands(self, entries: list[_InFlight], max_payload: int) -> list[bytes]:
+        """The ``HPUB`` commands of unrouted ``entries``, each put in the window as it is written,
+        up to one too large to send (its ``error`` says so): nothing after it is sent, nor put in
+        the window. This runs for every message of a sink that routes none."""
+        prefix, waiting, token = self._reply_prefix, self._waiting, self._token
         commands: list[bytes] = []
         append, inflight = commands.append, self._inflight
         for entry in entries:
             message = entry.message
             inflight.append(entry)
             msg_id, payload = message.msg_id.encode(), message.payload
-            # two branches, not one with a header block per message: the unrouted one, every
-            # message of most sinks, stays exactly as cheap as before routing existed
-            if type(entry) is _InFlight:  # on its default subject, Nats-Msg-Id only
-                headers = _HEADERS_SIZE + len(msg_id)
-                size = headers + len(payload)
-                if size > max_payload:
-                    entry.error = _too_large(size, max_payload)
-                    break  # nothing after it is sent, nor put in the window
-                token += 1
-                waiting[token] = entry
-                append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
-                continue
-            routed = cast(_Routed, entry)
-            headers = _HEADERS_SIZE + len(msg_id) + len(routed.headers)
+            headers = _HEADERS_SIZE + len(msg_id)
             size = headers + len(payload)
             if size > max_payload:
                 entry.error = _too_large(size, max_payload)
                 break
             token += 1
             waiting[token] = entry
-            append(_HPUB_HEADERS % (routed.routed, prefix, token, headers, size, msg_id, routed.headers, payload))
+            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
         self._token = token
-        if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
-            for entry in entries[: len(commands)]:
-                entry.error = PublishError("NATS is disconnected", True)
-            return False
-        return len(commands) == len(entries)
+        return commands
+
+    def _routed_commands(self, entries: list[_InFlight], max_payload: int) -> list[bytes]:
+        """:meth:`_commands` of entries routed or not: what a partition writes once it has met a
+        routed message (a second loop, so that one that never does pays nothing for routing)."""
+        prefix, waiting, token = self._reply_prefix, self._waiting, self._token
+        commands: list[bytes] = []
+        append, inflight = commands.append, self._inflight
+        for entry in entries:
+            message = entry.message
+            inflight.append(entry)
+            msg_id, payload = message.msg_id.encode(), message.payload
+            subject, extra = entry.subject, b""
+            if type(entry) is _Routed:
+                subject, extra = entry.routed, entry.headers
+            headers = _HEADERS_SIZE + len(msg_id) + len(extra)
+            size = headers + len(payload)
+            if size > max_payload:
+                entry.error = _too_large(size, max_payload)
+                break
+            token += 1
+            waiting[token] = entry
+            append(_HPUB_HEADERS % (subject, prefix, token, headers, size, msg_id, extra, payload))
+        self._token = token
+        return commands
 
     async def _drop_stored(self, failed: list[_InFlight]) -> list[_InFlight]:
         """Leave out failed messages that JetStream stored after all, when its duplicate
