@@ -131,3 +131,15 @@ def test_filters_and_routing_alone_keep_the_envelopes_own_payload() -> None:
     unshaped = Render(sink, make_database())([[(DESCRIBE, kept.table), pack(kept)]])[0]
     assert message[:6] == unshaped[:6]
     assert (message.subject, message.headers) == (b"wf.app.orders.paid", b'Wf-Key: ["7"]\r\n')
+
+
+def test_a_tables_routing_replaces_the_sinks() -> None:
+    sink = _sink(routing={"subject": "{prefix}.{database}.all.{action}"},
+                 tables=[{"name": "public.orders", "routing": {"subject": "{prefix}.{database}.orders.{record.id}"}}])
+    (message,) = _messages(_render(sink), change(typed_table(), 7))
+    assert message.subject == b"wf.app.orders.7"
+    other = typed_table(relid=2)
+    other = type(other)("public", "refunds", other.columns, other.key_columns, other.identity_columns, other.loaders,
+                        other.database, other.relid, other.rebuild, other.types)
+    (message,) = _messages(_render(sink), change(other, 8))
+    assert message.subject == b"wf.app.all.insert"
