@@ -111,13 +111,14 @@ def pipeline(
 
 
 def run_workload(config: Path, db: Database, workload: Callable[[psycopg.Connection[Any]], object],
-                 *args: str) -> None:
+                 *args: str, ready: tuple[Callable[[], bool], str] | None = None) -> None:
     """Run the pipeline for ``config`` (``-s 1``, then ``args``), commit ``workload`` once its slot
-    is open, and return once the slot passed all of it: the slot moves only past what
-    JetStream acknowledged, so everything is in the stream then."""
+    is open (or ``ready``: a condition and what it waits for), and return once the slot passed
+    all of it: the slot moves only past what JetStream acknowledged, so everything is in the
+    stream then."""
+    condition, what = ready or ((lambda: slot_active(db)), "the pipeline to open its slot")
     with pipeline(config, "-s", "1", *args) as proc:
-        wait_for(lambda: slot_active(db), timeout=60, what="the pipeline to open its slot",
-                 check=lambda: assert_running(proc))
+        wait_for(condition, timeout=60, what=what, check=lambda: assert_running(proc))
         with db.connect() as conn:
             workload(conn)
         end = db.current_lsn()

@@ -124,14 +124,21 @@ def subject(prefix: str, database: str, schema: str, table: str, action: str) ->
     return ".".join((prefix, subject_token(database), subject_token(schema), subject_token(table), subject_token(action)))
 
 
+def _too_long(subject: str) -> str | None:
+    """Why ``subject`` is too long for NATS, if it is (encoded only when it could be: a character is 4 bytes at most)."""
+    if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
+        return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+    return None
+
+
 def subject_problem(subject: str) -> str | None:
     """Why ``subject`` cannot be published on by NATS's rules (the module's docstring); None if it can."""
     if not subject:
         return "it is empty"
     if " " in subject or not subject.isprintable():  # every other whitespace is not printable
         return "it holds whitespace or a control character"
-    if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
-        return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+    if (long := _too_long(subject)) is not None:
+        return long
     tokens = subject.split(".")
     if "" in tokens:
         return "it has an empty token (a '.' at its start or end, or two in a row)"
@@ -484,8 +491,8 @@ class Router:
         """Why a subject of valid tokens cannot be this sink's: too long, not in its stream, or
         (Sequin's ids) outside its database's subjects; None when it can. ``proven``: its
         template's start already says it is in the stream (:meth:`_proves`)."""
-        if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
-            return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
+        if (long := _too_long(subject)) is not None:
+            return long
         if proven:
             return None
         if self._inside and not subject.startswith(self._inside):

@@ -377,14 +377,8 @@ def test_nothing_masked_leaves_in_clear_through_reads_enrichment_or_dead_letters
         conn.execute("INSERT INTO members VALUES ('linus.t@example.com', '+358-40-1234567', 'broken')")
         conn.execute("UPDATE members SET plan = 'silver' WHERE email = 'grace.h@example.com'")
 
-    with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: len(stored(nats_srv.url, names.stream)) >= 2, timeout=60, what="the backfill's reads",
-                 check=lambda: assert_running(proc))
-        with database.connect() as conn:
-            workload(conn)
-        end = database.current_lsn()
-        wait_for(lambda: _confirmed(database) >= end, timeout=60, what="the slot to pass the workload",
-                 check=lambda: assert_running(proc))
+    run_workload(config, database, workload,
+                 ready=(lambda: len(stored(nats_srv.url, names.stream)) >= 2, "the backfill's reads"))
     events = stored(nats_srv.url, names.stream)
     clear = [b"ada.private@example.com", b"grace.h@example.com", b"linus.t@example.com", b"7700-900123",
              b"555-0100", b"40-1234567"]
