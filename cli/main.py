@@ -29,7 +29,7 @@ from cli import check, status
 from cli.probe import first_line
 from config import config_path, load_config
 from connectors.postgres.requests import BackfillRequestError, request_backfills
-from connectors.postgres.signals import BackfillRequest
+from connectors.postgres.signals import BackfillRequest, signing_key
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT
 from transforms.filter import SinkFilter
@@ -79,7 +79,7 @@ def backfill(args: argparse.Namespace) -> str:
     if not SinkFilter(sink).receives(schema, args.table):
         raise BackfillRequestError(f"sink '{sink.name}' does not read {args.table} (see its source: and table:)")
     request = BackfillRequest.new(sink.name, args.table, args.sort_column, args.start_position)
-    request_backfills(config.database(sink.database), [request])
+    request_backfills(config.database(sink.database), [request], signing_key(config.walflow.backfill))
     return request.id
 
 

@@ -608,6 +608,17 @@ class BackfillSettings(Section):
     max_chunk_rows: int = Field(default=50_000, ge=1)
     #: The most a chunk may hold in memory (estimated like changes); the chunk shrinks to fit.
     max_chunk_mb: int = Field(default=16, ge=1)
+    #: Backfills one sink may have running or waiting at once; a request past it is refused
+    #: (logged, counted in walflow_ignored_messages_total). Any database role can write a
+    #: request into the slot: this bounds what forged ones can queue. A sink's
+    #: initial_backfill may not name more tables than this.
+    max_pending: int = Field(default=64, ge=1, le=10_000)
+    #: Signs every backfill signal walflow writes (HMAC-SHA256), and makes walflow act only on
+    #: signed ones: then only who holds the key (walflow, and `walflow backfill` with this
+    #: config) can start, resume or end a backfill. Unset, any role that may call
+    #: pg_logical_emit_message can ask for a backfill of a table a sink already reads. Change
+    #: it only while no backfill runs (one signed with the old key is not resumed).
+    secret: SecretStr | None = None
 
 
 class HealthSettings(Section):

@@ -24,5 +24,10 @@ class FatalError(WalflowError):
     """An operator must act; the message says what to do. Stops the pipeline (exit 2)."""
 
 
+class InternalError(FatalError):
+    """Something walflow did not foresee escaped a step: a bug. Stops the pipeline like any
+    fatal error (nothing past it confirmed), with one line instead of a traceback."""
+
+
 class TransientError(WalflowError):
     """Passes by itself: retried with backoff by the part that met it."""

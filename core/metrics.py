@@ -229,6 +229,13 @@ class Metrics:
             "walflow_heartbeat_round_trip_seconds",
             "From writing a heartbeat (pg_logical_emit_message) to reading it back from the slot.",
             ["slot"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ignored_messages = Counter(
+            "walflow_ignored_messages_total",
+            "Logical messages under a prefix walflow owns that it did not act on, by reason: too_large (over the "
+            "prefix's size limit), malformed (not the schema walflow writes), unauthenticated (a backfill signal "
+            "without a valid signature while walflow.backfill.secret is set), refused (a backfill request the "
+            "config does not allow), too_many (a sink's pending backfills at walflow.backfill.max_pending).",
+            ["prefix", "reason"], registry=r)
         self.reconnects = Counter(
             "walflow_reconnects_total",
             "Connections lost or refused that walflow retries. postgres: each replication session that ended in a "

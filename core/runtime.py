@@ -23,16 +23,17 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
-from core.errors import FatalError
+from core.errors import FatalError, InternalError
 from core.metrics import Metrics
 
 log = logging.getLogger("walflow")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Exit status of a fatal error: distinct from a crash's 1.
 FATAL_EXIT = 2
@@ -97,12 +98,29 @@ class Runtime:
     @contextmanager
     def guard(self, label: str) -> Iterator[None]:
         """Around every call Bytewax makes into walflow: a fatal error stops the process
-        (:meth:`fatal`); anything else is logged before Bytewax sees it, because a Bytewax
-        cluster prints only ``Send thread panic`` in its place."""
+        (:meth:`fatal`), and so does anything unforeseen (a bug), with one line that names
+        the exception's type only (its text may hold a row's values) and the traceback at
+        log level debug: never Bytewax's traceback or a cluster's ``Send thread panic``.
+        Nothing past the change being handled is confirmed, so a restart resumes before it.
+        In tests (not ``exit_on_fatal``) the exception itself is raised."""
         try:
             yield
         except FatalError as exc:
             self.fatal(exc)
-        except Exception:
-            log.exception("%s failed", label)
-            raise
+        except Exception as exc:
+            if not self.exit_on_fatal:
+                raise
+            log.debug("%s failed", label, exc_info=True)
+            self.fatal(InternalError(
+                f"{label} failed unexpectedly ({type(exc).__name__}): this is a bug in walflow. Nothing after the "
+                "change it was handling is confirmed: a restart resumes before it. Report it with the log "
+                "at walflow.log_level: debug"))
+
+    def guarded(self, label: str, step: Callable[P, T]) -> Callable[P, T]:
+        """``step`` under :meth:`guard`: for the steps Bytewax calls directly (a flow's map)."""
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            with self.guard(label):
+                return step(*args, **kwargs)
+
+        return call

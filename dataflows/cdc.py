@@ -104,7 +104,7 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
             publish = mine[sink.name]
             shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, publish.stream_subjects())
             publish.render = functools.partial(Render, sink, db, shaping, runtime.metrics)
-        slots.append(Slot(db, frozenset(mine), InitialBackfills(db, sinks, mine), replay_horizon))
+        slots.append(Slot(db, tuple(sinks), InitialBackfills(db, sinks, mine, config.walflow.backfill), replay_horizon))
         publishers.update(mine)
     flow = Dataflow("walflow")
     source = PostgresSource(slots, config.walflow.replication, runtime, backfill=config.walflow.backfill,
@@ -113,7 +113,8 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
     changes = op.input("postgres", flow, source)
     for name, publish in publishers.items():
         step = _step(name)
-        routed = op.flat_map_batch(f"{step}_dispatch", changes, Dispatch(publish.sink, runtime.metrics).route)
+        routed = op.flat_map_batch(f"{step}_dispatch", changes,
+                                   runtime.guarded(f"sink {name}: dispatching", Dispatch(publish.sink, runtime.metrics).route))
         op.output(f"{step}_publish", routed, publish)
     return flow
 

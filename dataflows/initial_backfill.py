@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from config.schema import DatabaseConfig, SinkConfig
+from config.schema import BackfillSettings, DatabaseConfig, SinkConfig
 from connectors.nats.sink import JetStreamSink
 from connectors.postgres.requests import BackfillRequestError, keyless_refusal, publication_tables, request_backfills
-from connectors.postgres.signals import BackfillRequest
+from connectors.postgres.signals import BackfillRequest, signing_key
 from transforms.filter import SinkFilter
 
 log = logging.getLogger("walflow.backfill")
@@ -24,8 +24,10 @@ log = logging.getLogger("walflow.backfill")
 class InitialBackfills:
     """Requests the initial backfills of ``sinks`` that no earlier run requested."""
 
-    def __init__(self, db: DatabaseConfig, sinks: list[SinkConfig], publishers: dict[str, JetStreamSink]) -> None:
+    def __init__(self, db: DatabaseConfig, sinks: list[SinkConfig], publishers: dict[str, JetStreamSink],
+                 settings: BackfillSettings) -> None:
         self.db = db
+        self.settings = settings
         self.sinks = [s for s in sinks if s.initial_backfill]
         self.publishers = publishers
 
@@ -36,7 +38,13 @@ class InitialBackfills:
         published, keyless = publication_tables(self.db)
         for sink in pending:
             requests = self._requests(sink, published, keyless)
-            request_backfills(self.db, requests)
+            if len(requests) > self.settings.max_pending:
+                raise BackfillRequestError(
+                    f"sink '{sink.name}': initial_backfill asks for {len(requests)} tables, more than the "
+                    f"{self.settings.max_pending} backfills a sink may have pending: set walflow.backfill.max_pending "
+                    f"to at least {len(requests)}"
+                )
+            request_backfills(self.db, requests, signing_key(self.settings))
             self.publishers[sink.name].record_initial_backfill([r.id for r in requests])
             log.info("sink %s: initial backfill of %d table(s) requested: %s", sink.name, len(requests),
                      ", ".join(f"{r.table} ({r.id})" for r in requests) or "none")

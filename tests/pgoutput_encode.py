@@ -41,7 +41,7 @@ def _xid(xid: int | None) -> bytes:
 
 
 def _string(value: str) -> bytes:
-    return value.encode() + b"\0"
+    return value.encode("utf-8", "surrogateescape") + b"\0"
 
 
 def _tuple(data: TupleData) -> bytes:

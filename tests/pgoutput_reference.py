@@ -299,11 +299,13 @@ _MESSAGE_TRANSACTIONAL = 1
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
-    """The NUL-terminated UTF-8 string at ``pos``, and the offset after its terminator."""
+    """The NUL-terminated string at ``pos`` (UTF-8; other bytes as surrogates, which encode back
+    to them: a database in another encoding sends its names as they are), and the offset after
+    its terminator."""
     end = buf.find(0, pos)
     if end < 0:
         raise DecodeError(f"string at offset {pos} has no NUL terminator")
-    return buf[pos:end].decode(), end + 1
+    return buf[pos:end].decode("utf-8", "surrogateescape"), end + 1
 
 
 def _tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:

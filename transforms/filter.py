@@ -1,7 +1,9 @@
 """Which changes a sink receives: its actions, its ``source`` filters and its legacy ``table``.
 
 A backfill's ``read`` goes to the sink that asked for the backfill, and to no other; the
-request was checked against the sink's tables when it was made.
+request was checked against the sink's tables where it was acted on
+(:class:`connectors.postgres.backfill.Admission`), and a read of a table the sink does not
+read is dropped here too, as its changes would be.
 
 All conditions must hold. ``None`` in ``source`` means no restriction; an empty list
 includes nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
@@ -87,7 +89,7 @@ class SinkFilter:
 
     def __call__(self, change: RawChange) -> bool:
         if change.read is not None:  # a backfill's row goes to the sink that asked for it, whatever its actions
-            return change.read.sink == self._sink
+            return change.read.sink == self._sink and self._receives(change.table)
         if change.action in self._actions:
             return self._receives(change.table)
         if change.action == "truncate" and self._receives(change.table):
@@ -98,17 +100,21 @@ class SinkFilter:
         return self.receives(table.schema, table.qualified)
 
     def receives(self, schema: str, qualified: str) -> bool:
-        """Whether this sink's schema/table rules admit the table ``qualified`` (cached per table)."""
+        """Whether this sink's schema/table rules admit the table ``qualified`` (cached per
+        table: only for tables whose changes come from the slot)."""
         decision = self._tables.get(qualified)
         if decision is None:
-            decision = (
-                (self._include_schemas is None or schema in self._include_schemas)
-                and schema not in self._exclude_schemas
-                and all(qualified in names for names in self._include_tables)
-                and qualified not in self._exclude_tables
-            )
-            self._tables[qualified] = decision
+            decision = self._tables[qualified] = self.admits(schema, qualified)
         return decision
+
+    def admits(self, schema: str, qualified: str) -> bool:
+        """:meth:`receives`, uncached: for names that come from anyone (a backfill request)."""
+        return (
+            (self._include_schemas is None or schema in self._include_schemas)
+            and schema not in self._exclude_schemas
+            and all(qualified in names for names in self._include_tables)
+            and qualified not in self._exclude_tables
+        )
 
     def _warn_truncate(self, table: Table) -> None:
         if table.qualified not in self._warned_truncates:

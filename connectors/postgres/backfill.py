@@ -26,6 +26,14 @@ partition's snapshot holds each backfill's position (:meth:`Backfills.snapshot`)
 read again reads rows that may already be in the stream; their ids name the backfill and
 the row (:meth:`core.ids.IdScheme.encode_read`), so the sink publishes them once.
 
+**Signals obey the config.** Anyone may write a signal into the slot
+(:mod:`connectors.postgres.messages`): one that is not well-formed (or not signed, with
+``walflow.backfill.secret``) is ignored by :func:`connectors.postgres.signals.decode`, and a
+well-formed one starts a backfill only if :class:`Admission` allows it: an enabled sink of
+this database that reads the table by the same rules as its live changes, with fewer than
+``max_pending`` backfills running or waiting. Whether the table is in the publication is the runner's check (:class:`TableReader`
+refuses it, and the backfill ends with that error).
+
 **Bounds.** A runner reads at most one chunk ahead of what the partition has emitted,
 so each table holds at most two chunks (``walflow.backfill.max_chunk_*``);
 reads count against the epoch budget like changes. At most ``max_concurrent`` tables are
@@ -41,21 +49,23 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, TypedDict
 
 import psycopg
 
-from config.schema import BackfillSettings, DatabaseConfig
+from config.schema import BackfillSettings, DatabaseConfig, SinkConfig
 from connectors.postgres import signals
 from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader, wait_for_commits_in_flight
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Signal
-from connectors.postgres.signals import BackfillRequest, Cursor
+from connectors.postgres.messages import BACKFILL, Reason
+from connectors.postgres.signals import BackfillRequest, Cursor, NotASignal, signing_key
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
 from core.metrics import Metrics
+from transforms.filter import SinkFilter
 
 log = logging.getLogger("walflow.backfill")
 
@@ -131,6 +141,8 @@ class BackfillRunner:
         self._stopping = threading.Event()
         self._checkpoints = threading.Thread(target=self._checkpoint_waiting, name="walflow-backfill-queue", daemon=True)
         self._progress_line = sys.stderr.isatty() if progress_line is None else progress_line
+        #: What every signal this runner writes is signed with (walflow.backfill.secret).
+        self._key = signing_key(settings)
 
     # -- what the partition calls -----------------------------------------------------------
 
@@ -305,7 +317,7 @@ class BackfillRunner:
             if self._stopping.is_set() or job.done:
                 return job.done
             number = next(self._chunk_numbers)
-            signals.emit(conn, self._signal("low", job, chunk=number, after=after))
+            signals.emit(conn, self._signal("low", job, chunk=number, after=after), self._key)
             wait_for_commits_in_flight(conn, self.settings.query_budget_ms / 1000, self._stopping.wait)
             started = time.monotonic()
             try:
@@ -327,7 +339,7 @@ class BackfillRunner:
                 self._ready[(job.request.id, number)] = chunk
             with job.changed:
                 job.pending[number] = _Pending(after)
-            signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last))
+            signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last), self._key)
             reader.adapt(len(chunk.rows), seconds, chunk.memory)
             job.limit = reader.limit
             self._report(job)
@@ -342,7 +354,7 @@ class BackfillRunner:
 
     def _end(self, conn: psycopg.Connection[Any], job: _Job, error: str) -> None:
         """Tell the partition (through the slot) that this backfill ends unfinished."""
-        signals.emit(conn, self._signal("high", job, after=job.after, last=True, error=error))
+        signals.emit(conn, self._signal("high", job, after=job.after, last=True, error=error), self._key)
 
     def _end_after_failure(self, job: _Job, error: str) -> None:
         self._forget_chunks(job)
@@ -387,7 +399,7 @@ class BackfillRunner:
                 if conn is None or conn.closed:
                     conn = self._connect("backfill-queue")
                 for job, after in waiting:
-                    signals.emit(conn, self._signal("low", job, after=after))
+                    signals.emit(conn, self._signal("low", job, after=after), self._key)
             except psycopg.Error as exc:
                 log.warning("backfill checkpoint not written: %s", str(exc).strip())
                 conn = None
@@ -458,16 +470,60 @@ class _Running:
     rewinding: bool = False
 
 
+def _unreported(prefix: str, reason: Reason, detail: str) -> None:
+    """Where refusals go when nobody counts them (unit tests of the windows)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether a backfill may run: decided by the config, never by the signal that asks.
+
+    A request, or an earlier run's watermark (which resumes its backfill), names a sink and
+    a table. It runs only if the sink is an enabled sink of this database that reads the
+    table by the same rules as its live changes (``source:``, ``table:``), and the sink has
+    fewer than ``max_pending`` running or waiting (a second request for a table is a
+    backfill of its own: it may start elsewhere, or follow a finished one). Refusals are reported once each (``report``: the slot's
+    :class:`~connectors.postgres.messages.IgnoredMessages`) and never read.
+    """
+
+    #: The sinks a backfill may be for, by name: their table rules.
+    sinks: Mapping[str, SinkFilter]
+    #: Signals must be signed with this key (walflow.backfill.secret), if set.
+    key: bytes | None = None
+    max_pending: int = BackfillSettings().max_pending
+    report: Callable[[str, Reason, str], None] = _unreported
+
+    @classmethod
+    def of(cls, sinks: Iterable[SinkConfig], settings: BackfillSettings,
+           report: Callable[[str, Reason, str], None] = _unreported) -> Admission:
+        return cls({s.name: SinkFilter(s) for s in sinks}, signing_key(settings), settings.max_pending, report)
+
+    def refusal(self, request: BackfillRequest, pending: Iterable[BackfillRequest]) -> NotASignal | None:
+        """Why ``request`` may not run beside the backfills ``pending`` (None: it may)."""
+        rules = self.sinks.get(request.sink)
+        if rules is None:
+            return NotASignal("refused", f"backfill {request.id}: no enabled sink {request.sink!r} reads this database")
+        schema, dot, _ = request.table.partition(".")
+        if not dot or not rules.admits(schema, request.table):
+            return NotASignal("refused", f"backfill {request.id}: sink {request.sink} does not read {request.table!r} "
+                                         "(its source: and table:)")
+        same = sum(1 for p in pending if p.sink == request.sink)
+        if same >= self.max_pending:
+            return NotASignal("too_many", f"backfill {request.id}: sink {request.sink} has {same} backfills "
+                                          "running or waiting (walflow.backfill.max_pending)")
+        return None
+
+
 class Backfills:
     """The partition's side of backfills: which run, their windows, how far the slot may move."""
 
-    def __init__(self, slot: str, sinks: frozenset[str], runner: BackfillRunner,
+    def __init__(self, slot: str, admission: Admission, runner: BackfillRunner,
                  resume: list[BackfillState] | None = None, resume_lsn: int = 0, *,
                  metrics: Metrics | None = None) -> None:
         """``metrics``: the process's, which count the rows and chunks handed on (else its own)."""
         self._slot = slot
         self._metrics = metrics or Metrics()
-        self._sinks = sinks
+        self._admission = admission
         self._runner = runner
         self._running: dict[str, _Running] = {}
         #: Tables with an open window → their backfills (several sinks may read one table).
@@ -476,9 +532,9 @@ class Backfills:
         self._positions: dict[tuple[str, tuple[str, ...]], tuple[Table, tuple[int, ...]]] = {}
         for state in resume or []:
             request = BackfillRequest(**state["request"])  # type: ignore[arg-type]
-            if request.sink not in sinks:
-                log.warning("backfill %s of %s is for sink %s, which this pipeline no longer runs: dropped",
-                            request.id, request.table, request.sink)
+            refused = admission.refusal(request, (r.request for r in self._running.values()))
+            if refused is not None:  # the config changed since the snapshot
+                log.warning("%s: dropped", refused.detail)
                 continue
             self._running[request.id] = _Running(request, state["after"], state["rows"], resume_lsn)
             runner.start(request, state["after"], state["rows"])
@@ -527,8 +583,11 @@ class Backfills:
     def on_signal(self, item: Signal, position: int) -> Release | None:
         """A backfill signal decoded at ``position`` (the last marker before it); at a high
         watermark, the chunk's reads to emit right here, before anything after it."""
-        signal = signals.decode(item.content, self._slot)
+        signal = signals.decode(item.content, self._slot, self._admission.key)
         if signal is None:
+            return None  # another slot's
+        if isinstance(signal, NotASignal):
+            self._admission.report(BACKFILL, signal.reason, signal.detail)
             return None
         request = signal.request
         running = self._running.get(request.id)
@@ -551,12 +610,12 @@ class Backfills:
 
     def _begin(self, signal: signals.Signal, position: int) -> None:
         request = signal.request
-        if request.sink not in self._sinks:
-            log.warning("backfill %s asks for sink %s, which this pipeline does not run: ignored",
-                        request.id, request.sink)
-            return
         if signal.kind == "high" and signal.last and signal.error:
             return  # another run's backfill that ended unfinished
+        refused = self._admission.refusal(request, (r.request for r in self._running.values()))
+        if refused is not None:
+            self._admission.report(BACKFILL, refused.reason, refused.detail)
+            return
         if signal.kind != "request":
             log.info("backfill %s of %s for sink %s: resuming after %s row(s)", request.id, request.table,
                      request.sink, f"{signal.rows:,}")

@@ -25,8 +25,10 @@ What it keeps track of:
   positions are record boundaries).
 - **The resume skip.** A session resumed mid-transaction skips the changes a previous run
   already emitted (:class:`ResumePoint`).
-- **Signals.** Transactional logical messages with a prefix the session names (backfill
-  watermarks) are staged in order with the changes, where they were committed.
+- **Logical messages are input** (:mod:`connectors.postgres.messages`): any role may write
+  one. Only those under a prefix walflow owns, and within its size limit, are copied;
+  transactional ones with a prefix the session names (backfill signals) are staged in
+  order with the changes, where they were committed, for the partition to check.
 - **Transaction annotations.** ``pg_logical_emit_message(true,
   'sequin:transaction_annotations.set', json)`` annotates the transaction's changes that
   follow it (``…clear`` ends that), as in Sequin: each carries the JSON text.
@@ -54,6 +56,7 @@ from typing import Final, NamedTuple, Protocol
 
 import psycopg
 
+from connectors.postgres.messages import ANNOTATIONS_CLEAR, ANNOTATIONS_SET, HEARTBEAT, LIMITS, Reason
 from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, pg_timestamp
 from connectors.postgres.relations import Column, Relation, TypeName
 from core.errors import FatalError
@@ -79,9 +82,12 @@ _TEXT, _NULL, _UNCHANGED = b"tnu"
 _REPLICA_IDENTITIES: Final = frozenset("dnfi")
 _TRUNCATE_FLAGS: Final = 3  # cascade, restart identity
 _MESSAGE_TRANSACTIONAL: Final = 1
-#: Sequin's prefixes for annotating a transaction's changes (its slot_producer.ex).
-_ANNOTATIONS_SET: Final = "sequin:transaction_annotations.set"
-_ANNOTATIONS_CLEAR: Final = "sequin:transaction_annotations.clear"
+_ANNOTATIONS_SET: Final = ANNOTATIONS_SET.encode()
+_ANNOTATIONS_CLEAR: Final = ANNOTATIONS_CLEAR.encode()
+_HEARTBEAT: Final = HEARTBEAT.encode()
+#: Longer than every prefix walflow owns: a logical message's prefix is looked for in this
+#: many bytes (copied), so another's message of any size is passed over without a copy.
+_PREFIX_WINDOW: Final = 64
 
 # XLogData header ('w', dataStart, walEnd, sendTime) and the pgoutput message behind it,
 # one unpack each, skipping ('x') what is not used.
@@ -99,7 +105,7 @@ _U64: Final = struct.Struct("!Q")
 _COLUMN_TYPE: Final = struct.Struct("!Ii")  # type_oid, typmod
 _new_tuple: Final = tuple.__new__
 _TRUNCATE_HEAD: Final = struct.Struct("!IB")  # nrels, flags
-_MESSAGE_HEAD: Final = struct.Struct("!BQ")  # flags, lsn
+_XLOG_MESSAGE: Final = struct.Struct("!xQ16xxBQ")  # dataStart, then after 'M': flags, lsn; the prefix follows
 #: Message types that exist but that only options this session does not set bring.
 _NOT_REQUESTED: Final = {
     ord("S"): "Stream Start", ord("E"): "Stream Stop", ord("c"): "Stream Commit", ord("A"): "Stream Abort",
@@ -175,14 +181,20 @@ class Decoder:
         resume: ResumePoint,
         on_message: Callable[[str, bytes], None] | None = None,
         staged_prefixes: frozenset[str] = frozenset(),
+        on_ignored: Callable[[str, Reason, str], None] | None = None,
     ) -> None:
-        """``on_message(prefix, content)`` is called for each logical message (``pg_logical_emit_message``);
-        transactional ones with a prefix in ``staged_prefixes`` are staged in order as :class:`Signal` instead."""
+        """Logical messages (``pg_logical_emit_message``) under the prefixes walflow owns
+        (:data:`connectors.postgres.messages.LIMITS`) and within their size: transactional
+        ones with a prefix in ``staged_prefixes`` are staged in order as :class:`Signal`;
+        heartbeats go to ``on_message(prefix, content)``; one over its size limit, or a
+        signal outside a transaction, to ``on_ignored(prefix, reason, detail)``. Every other
+        message is passed over, its content not even copied."""
         self._catalog = catalog
         self._commit_time = catalog.commit_time
         self.resume = resume
         self._on_message = on_message
-        self._staged_prefixes = staged_prefixes
+        self._on_ignored = on_ignored
+        self._staged_prefixes = frozenset(prefix.encode() for prefix in staged_prefixes)
         #: The furthest LSN seen: the status update's ``write``.
         self.received = resume.lsn
         self._marked = resume.lsn  # the last position marker staged
@@ -218,6 +230,8 @@ class Decoder:
                     self._begin(data)
                 elif tag == _COMMIT and size == _XLOG_COMMIT.size:
                     self._commit(data)
+                elif tag == _MESSAGE:
+                    self._message(data)
                 else:
                     self._other(bytes(data), tag)
                 return False
@@ -378,8 +392,6 @@ class Decoder:
             _end(buf, pos)
         elif tag == _TRUNCATE:
             self._truncate(buf, pos)
-        elif tag == _MESSAGE:
-            self._message(buf, pos)
         elif tag == _BEGIN or tag == _COMMIT:
             raise DecodeError(f"{'Begin' if tag == _BEGIN else 'Commit'} of {len(buf) - XLOGDATA_HEADER} bytes")
         elif tag in _NOT_REQUESTED:
@@ -408,33 +420,55 @@ class Decoder:
                 change = RawChange("truncate", table, None, None, False, commit_lsn, idx, self._txn_ts, self._txn_xid)
                 self._stage(change, change_memory(len(buf), 0))
 
-    def _message(self, buf: bytes, pos: int) -> None:
-        """'M' flags lsn prefix length content: backfill signals are staged, heartbeats reported;
-        others' messages are not row changes."""
-        flags, _lsn = _MESSAGE_HEAD.unpack_from(buf, pos)
+    def _message(self, data: memoryview | bytes) -> None:
+        """'M' flags lsn prefix length content: walflow's own are checked and handed on, others'
+        are passed over (:mod:`connectors.postgres.messages`). Every transactional message
+        takes its place among the transaction's changes, whoever wrote it."""
+        start, flags, _lsn = _XLOG_MESSAGE.unpack_from(data)
+        self.received = max(self.received, start)
         if flags & ~_MESSAGE_TRANSACTIONAL:
             raise DecodeError(f"unknown message flags {flags:#04x}")
-        if flags and self._txn_lsn is None:
-            raise DecodeError("transactional logical message outside a transaction")
-        prefix, pos = _string(buf, pos + 9)
-        (length,) = _U32.unpack_from(buf, pos)
+        if flags:
+            if self._txn_lsn is None:
+                raise DecodeError("transactional logical message outside a transaction")
+            self._txn_idx += 1  # as Sequin counts commit_idx
+        pos = _XLOG_MESSAGE.size
+        head = bytes(data[pos : pos + _PREFIX_WINDOW])
+        end = head.find(0)
+        limit = LIMITS.get(head[:end]) if end >= 0 else None
+        if limit is None:
+            return  # not walflow's (nor Sequin's annotations): not copied, not decoded
+        prefix = head[:end]
+        pos += end + 1
+        (length,) = _U32.unpack_from(data, pos)
         pos += 4
-        if len(buf) - pos != length:
-            raise DecodeError(f"content length {length} does not match the {len(buf) - pos} bytes that remain")
-        if flags:  # a transactional message has its place among the transaction's changes
-            self._txn_idx += 1
-            if prefix == _ANNOTATIONS_SET:
-                self._txn_annotations = buf[pos:]
-            elif prefix == _ANNOTATIONS_CLEAR:
-                self._txn_annotations = None
-        if flags and prefix in self._staged_prefixes:
-            commit_lsn = self._txn_lsn
-            assert commit_lsn is not None
-            if self._txn_emitted < WHOLE_TRANSACTION:  # not in a transaction a previous run finished
-                self.staged.append(Signal(commit_lsn, self._txn_ts, buf[pos:]))
-                self.staged_sizes.append(0)
-        elif self._on_message is not None:
-            self._on_message(prefix, buf[pos:])
+        if len(data) - pos != length:
+            raise DecodeError(f"content length {length} does not match the {len(data) - pos} bytes that remain")
+        if length > limit:
+            self._ignored(prefix, "too_large", f"{length:,} bytes, more than the {limit:,} walflow reads there")
+            return
+        content = bytes(data[pos:])
+        if prefix == _HEARTBEAT:
+            if self._on_message is not None:
+                self._on_message(HEARTBEAT, content)
+        elif prefix in self._staged_prefixes:
+            if not flags:
+                self._ignored(prefix, "malformed", "not transactional (walflow writes its signals in transactions)")
+            elif self._txn_emitted < WHOLE_TRANSACTION:  # not in a transaction a previous run finished
+                commit_lsn = self._txn_lsn
+                assert commit_lsn is not None
+                size = change_memory(length, 0)
+                self.staged.append(Signal(commit_lsn, self._txn_ts, content))
+                self.staged_sizes.append(size)
+                self.staged_size += size
+        elif flags and prefix == _ANNOTATIONS_SET:
+            self._txn_annotations = content
+        elif flags and prefix == _ANNOTATIONS_CLEAR:
+            self._txn_annotations = None
+
+    def _ignored(self, prefix: bytes, reason: Reason, detail: str) -> None:
+        if self._on_ignored is not None:
+            self._on_ignored(prefix.decode(), reason, detail)
 
 
 def _tuple(buf: bytes, pos: int, ncols: int) -> tuple[RawRow, int]:
@@ -492,11 +526,13 @@ def _relation(buf: bytes, pos: int) -> Relation:
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
-    """The NUL-terminated UTF-8 string at ``pos``, and the offset after its terminator."""
+    """The NUL-terminated UTF-8 string at ``pos``, and the offset after its terminator. A name
+    that is not UTF-8 (a database in another encoding than UTF8 or SQL_ASCII) keeps its other
+    bytes as ``\\xNN``: distinct names stay distinct, and reading goes on."""
     end = buf.find(0, pos)
     if end < 0:
         raise DecodeError(f"string at offset {pos} has no NUL terminator")
-    return buf[pos:end].decode(), end + 1
+    return buf[pos:end].decode("utf-8", "backslashreplace"), end + 1
 
 
 def _end(buf: bytes, pos: int) -> None:

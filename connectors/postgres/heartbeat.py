@@ -7,6 +7,11 @@ path's latency, catch-up included. The writer runs on a normal connection in its
 thread and never touches the replication connection; a failed write is retried on the
 next beat (the reader's own reconnects are what restore replication).
 
+**Only this process's heartbeats count.** Any role may write a message under
+``walflow.heartbeat`` (:mod:`connectors.postgres.messages`): each heartbeat carries a random
+token of the writer that the reader of the same process compares, so a forged or an
+earlier run's heartbeat neither stops the flow nor fakes a fresh, fast round trip.
+
 **The slot on the server** is looked at on the same connection, just before each beat
 (:data:`SAMPLE_QUERY`: lag, confirmed position, ``wal_status``, ``safe_wal_size``), for the
 metrics and for :class:`CatchUpLog`: the reader thread never waits for it.
@@ -14,21 +19,23 @@ metrics and for :class:`CatchUpLog`: the reader thread never waits for it.
 
 from __future__ import annotations
 
-import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import psycopg
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from config.schema import DatabaseConfig
 from connectors.postgres.connection import conninfo
+from connectors.postgres.messages import HEARTBEAT
 
 log = logging.getLogger("walflow.postgres")
 
-PREFIX = "walflow.heartbeat"
+PREFIX: Final = HEARTBEAT
 
 #: The slot as the server sees it: positions as numbers, so that no LSN is parsed here.
 SAMPLE_QUERY: Final = """
@@ -52,19 +59,36 @@ class SlotSample(NamedTuple):
     safe_wal_size: int | None  # None: max_slot_wal_keep_size is -1 (or the slot is lost)
 
 
-def encode(slot: str) -> str:
-    return json.dumps({"slot": slot, "sent_us": time.time_ns() // 1000})
+class _Heartbeat(BaseModel):
+    """A heartbeat as walflow writes it: anything else under its prefix is malformed."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    slot: str = Field(max_length=256)
+    token: str = Field(max_length=64)
+    sent_us: int = Field(ge=0)
 
 
-def decode(content: bytes, slot: str) -> float | None:
-    """The heartbeat's send time (Unix seconds) if it is this slot's, else None."""
+def new_token() -> str:
+    """A writer's token: what tells its heartbeats from anyone else's."""
+    return secrets.token_hex(8)
+
+
+def encode(slot: str, token: str) -> str:
+    return _Heartbeat(slot=slot, token=token, sent_us=time.time_ns() // 1000).model_dump_json()
+
+
+def decode(content: bytes, slot: str, token: str) -> float | Literal["malformed"] | None:
+    """The send time (Unix seconds) of this writer's heartbeat for ``slot``; None for
+    another slot's or another writer's (an earlier run's); ``"malformed"`` for anything that
+    is not a heartbeat. Total: it never raises, whatever ``content`` holds."""
     try:
-        data: dict[str, Any] = json.loads(content)
-    except ValueError:
+        beat = _Heartbeat.model_validate_json(content)
+    except ValidationError:
+        return "malformed"
+    if beat.slot != slot or beat.token != token:
         return None
-    if data.get("slot") != slot or not isinstance(data.get("sent_us"), int):
-        return None
-    return float(data["sent_us"]) / 1e6
+    return beat.sent_us / 1e6
 
 
 class HeartbeatWriter:
@@ -79,6 +103,8 @@ class HeartbeatWriter:
         self.on_sample = on_sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"walflow-heartbeat-{db.slot.name}", daemon=True)
+        #: What this writer's heartbeats carry, for the reader to know them by.
+        self.token = new_token()
         self._failing = False
 
     def start(self) -> HeartbeatWriter:
@@ -100,7 +126,7 @@ class HeartbeatWriter:
                             self._sample(conn, self.on_sample)
                         if self.emit:
                             conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                                         [PREFIX, encode(self.db.slot.name)])
+                                         [PREFIX, encode(self.db.slot.name, self.token)])
                         if self._failing:
                             log.info("heartbeats for slot %s are written again", self.db.slot.name)
                             self._failing = False

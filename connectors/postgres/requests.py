@@ -65,8 +65,9 @@ def publication_tables(db: DatabaseConfig) -> tuple[list[str], set[str]]:
         return _published(conn, db), _keyless(conn, db)
 
 
-def request_backfills(db: DatabaseConfig, requests: list[BackfillRequest]) -> None:
-    """Check each request against the database, make sure the slot exists, and write them."""
+def request_backfills(db: DatabaseConfig, requests: list[BackfillRequest], key: bytes | None = None) -> None:
+    """Check each request against the database, make sure the slot exists, and write them
+    (signed with ``key``, ``walflow.backfill.secret``, when it is set)."""
     with _connect(db) as conn:
         prepare(conn, db)
         published, keyless = set(_published(conn, db)), _keyless(conn, db)
@@ -81,7 +82,7 @@ def request_backfills(db: DatabaseConfig, requests: list[BackfillRequest]) -> No
             if request.sort_column is not None:
                 _check_start(conn, request)
         for request in requests:
-            signals.emit(conn, signals.Signal("request", db.slot.name, request))
+            signals.emit(conn, signals.Signal("request", db.slot.name, request), key)
 
 
 def _check_start(conn: psycopg.Connection[Any], request: BackfillRequest) -> None:

@@ -34,6 +34,7 @@ from connectors.postgres import signals
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Decoder, ResumePoint
+from connectors.postgres.messages import Reason
 from connectors.postgres.protocol import lsn_to_str, status_update
 from connectors.postgres.slot import SlotState, prepare
 from connectors.postgres.stream import ReplicationStream, StreamError, quote_identifier
@@ -74,7 +75,11 @@ class Control(Protocol):
     def drain_wakeups(self, readable: list[int]) -> None: ...
 
     def on_message(self, prefix: str, content: bytes) -> None:
-        """A logical message came through the slot (walflow's heartbeats among them)."""
+        """A heartbeat came through the slot (it may be anyone's: the content is untrusted)."""
+        ...
+
+    def on_ignored(self, prefix: str, reason: Reason, detail: str) -> None:
+        """A logical message under a prefix walflow owns was ignored (``connectors.postgres.messages``)."""
         ...
 
 
@@ -111,7 +116,7 @@ class Session:
             control.slot_state = state = prepare(meta, self.db)
             catalog = Catalog(meta, control.table_keys, self.db.name)
             decoder = self.decoder = Decoder(catalog, self.resume, control.on_message,
-                                             staged_prefixes=frozenset({signals.PREFIX}))
+                                             staged_prefixes=frozenset({signals.PREFIX}), on_ignored=control.on_ignored)
             stream = ReplicationStream(
                 conninfo(
                     self.db,

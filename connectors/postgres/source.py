@@ -28,8 +28,8 @@ from typing import TypedDict, get_args
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings
-from connectors.postgres.backfill import BackfillRunner, Backfills, BackfillState, Release
+from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings, SinkConfig
+from connectors.postgres.backfill import Admission, BackfillRunner, Backfills, BackfillState, Release
 from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
@@ -227,7 +227,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
 class Slot:
     """One database's slot, read by one partition of the source.
 
-    ``sinks``: the sinks a backfill of this database may be for; ``on_start``: called once
+    ``sinks``: the enabled sinks of this database, which a backfill may be for (each only for
+    the tables it reads, as its live changes; :class:`~connectors.postgres.backfill.Admission`); ``on_start``: called once
     where the slot is read, before reading starts (the initial backfill requests);
     ``confirm_after``: confirm no position up to this LSN (its sinks' replay horizon);
     ``stop_at_lsn``: end the partition once everything committed before that LSN was
@@ -235,7 +236,7 @@ class Slot:
     """
 
     db: DatabaseConfig
-    sinks: frozenset[str] = frozenset()
+    sinks: tuple[SinkConfig, ...] = ()
     on_start: Callable[[], None] | None = None
     confirm_after: int = 0
     stop_at_lsn: int | None = None
@@ -288,7 +289,8 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         reader = SlotReader(db, self.settings, resume, metrics=metrics)
         runner = BackfillRunner(db, self.backfill)
         reader.backfill_progress = runner.progress
-        backfills = Backfills(db.slot.name, slot.sinks, runner, state.get("backfills"), resume.lsn, metrics=metrics)
+        admission = Admission.of(slot.sinks, self.backfill, reader.ignored)
+        backfills = Backfills(db.slot.name, admission, runner, state.get("backfills"), resume.lsn, metrics=metrics)
         reader.start()
         self.runtime.register(reader)
         return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,

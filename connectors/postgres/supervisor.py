@@ -34,6 +34,7 @@ from connectors.postgres import heartbeat
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import ResumePoint
+from connectors.postgres.messages import IgnoredMessages, Reason
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT, Session
 from connectors.postgres.slot import SlotState
@@ -89,6 +90,8 @@ class SlotReader:
         self._round_trip = metrics.heartbeat_round_trip.labels(slot)
         self._session: Session | None = None
         self._catch_up = heartbeat.CatchUpLog(slot)
+        #: The slot's logical messages that were not acted on: counted and reported here.
+        self.ignored = IgnoredMessages(slot, metrics)
         #: Why reading stopped for good: a FatalError, or what nobody expected.
         self.error: BaseException | None = None
         self.slot_state: SlotState | None = None
@@ -170,11 +173,18 @@ class SlotReader:
                 pass
 
     def on_message(self, prefix: str, content: bytes) -> None:
-        """walflow's heartbeats; others' logical messages are not row changes and are not emitted."""
-        if prefix == heartbeat.PREFIX and (sent := heartbeat.decode(content, self.db.slot.name)):
+        """A heartbeat: this process's own measures the round trip; another slot's or an
+        earlier run's is passed over, anything else under the prefix is ignored and counted."""
+        sent = heartbeat.decode(content, self.db.slot.name, self._heartbeats.token)
+        if sent == "malformed":
+            self.ignored(prefix, "malformed", "not a heartbeat as walflow writes it")
+        elif sent is not None:
             self.heartbeat_seen = time.time()
-            self.heartbeat_rtt = self.heartbeat_seen - sent
+            self.heartbeat_rtt = max(0.0, self.heartbeat_seen - sent)
             self._round_trip.observe(self.heartbeat_rtt)
+
+    def on_ignored(self, prefix: str, reason: Reason, detail: str) -> None:
+        self.ignored(prefix, reason, detail)
 
     def _slot_sampled(self, sample: heartbeat.SlotSample) -> None:
         """The heartbeat thread looked at the slot on the server: metrics, and the catch-up log."""

@@ -21,4 +21,5 @@ METRICS = {
     "walflow_reconnects_total": "counter",
     "walflow_backfill_rows_total": "counter",
     "walflow_backfill_chunks_total": "counter",
+    "walflow_ignored_messages_total": "counter",
 }

@@ -205,3 +205,13 @@ def test_another_databases_worker_never_touches_the_sinks_counts() -> None:
     assert errors == []
     counted = sum(s.value for m in metrics.changes_filtered.collect() for s in m.samples if s.name.endswith("_total"))
     assert counted == 200 * len(mine)
+
+
+def test_a_read_of_a_table_the_sink_does_not_read_is_dropped_like_its_changes() -> None:
+    """A backfill request for an excluded table is refused where it is acted on; its reads
+    would be dropped here too (a request is anyone's to write)."""
+    accept = SinkFilter(make_sink(source={"exclude_tables": ["public.json_web_tokens"]}))
+    mine = ReadOf("app-to-nats", "b1", '["1"]')
+    assert accept(raw_change("insert", table="orders")._replace(action="read", read=mine))
+    assert not accept(raw_change("insert", table="json_web_tokens")._replace(action="read", read=mine))
+    assert not accept.admits("public", "public.json_web_tokens") and accept.admits("public", "public.orders")

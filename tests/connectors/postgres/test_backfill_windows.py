@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 
-from connectors.postgres.backfill import Backfills, BackfillState
+from connectors.postgres.backfill import Admission, Backfills, BackfillState
 from connectors.postgres.chunks import Chunk
 from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor
 from connectors.postgres.signals import Signal as Watermark
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, Table
 from core.ids import row_key
-from tests.transforms.samples import TS, raw_change
+from tests.transforms.samples import TS, make_sink, raw_change
+from transforms.filter import SinkFilter
 
 SLOT = "wf_slot"
 TABLE = Table("public", "orders", ("id", "status"), ("id",), ("id",), (bytes.decode, bytes.decode))
@@ -88,8 +89,10 @@ def feed(backfills: Backfills, item: Signal, position: int, out: list[RawChange]
     return release.row_memory * len(reads)
 
 
-def make(runner: FakeRunner, resume: list[BackfillState] | None = None) -> Backfills:
-    return Backfills(SLOT, frozenset({"app-to-nats"}), runner, resume, resume_lsn=50)  # type: ignore[arg-type]
+def make(runner: FakeRunner, resume: list[BackfillState] | None = None, **admission: Any) -> Backfills:
+    rules = Admission({"app-to-nats": SinkFilter(make_sink(source={"exclude_tables": ["public.secrets"]}))},
+                      **admission)
+    return Backfills(SLOT, rules, runner, resume, resume_lsn=50)  # type: ignore[arg-type]
 
 
 def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_window() -> None:
@@ -239,3 +242,41 @@ def test_a_chunk_counts_as_emitted_only_once_all_its_reads_are_out() -> None:
     assert len(release.take(2)) == 1 and release.empty
     release.done()
     assert backfills.snapshot()[0]["after"] == ["3"] and runner.emitted_calls == [("b1", 0, 3, True)]
+
+
+def test_a_request_runs_only_as_the_config_allows() -> None:
+    """Anyone may write a request: a sink the config lacks, a table the sink does not read and
+    requests past max_pending are refused and reported, never started."""
+    runner = FakeRunner()
+    reported: list[tuple[str, str]] = []
+    backfills = make(runner, max_pending=2, report=lambda prefix, reason, _: reported.append((prefix, reason)))
+    out: list[RawChange] = []
+    for id_, sink, table in [("b1", "app-to-nats", "public.secrets"), ("b2", "nobody", "public.orders"),
+                             ("b3", "app-to-nats", "orders"), ("b4", "app-to-nats", "public.orders"),
+                             ("b5", "app-to-nats", "public.orders"), ("b6", "app-to-nats", "public.orders")]:
+        feed(backfills, signal("request", run=None, request=BackfillRequest(id_, sink, table)), 100, out)
+    assert [started[0] for started in runner.started] == ["b4", "b5"]
+    assert reported == [("walflow.backfill", "refused")] * 3 + [("walflow.backfill", "too_many")]
+    feed(backfills, signal("request", run=None, request=BackfillRequest("b7", "app-to-nats", "public.orders"),
+                           slot="another"), 100, out)
+    assert len(reported) == 4  # another slot's signal is not input to refuse
+
+
+def test_with_a_key_an_unsigned_signal_is_reported_and_not_acted_on() -> None:
+    runner = FakeRunner()
+    reported: list[str] = []
+    backfills = make(runner, key=b"key", report=lambda prefix, reason, _: reported.append(reason))
+    feed(backfills, signal("request", run=None), 100, [])
+    feed(backfills, Signal(100, TS, b"[]"), 100, [])
+    assert runner.started == [] and reported == ["unauthenticated", "malformed"]
+    signed = Watermark("request", SLOT, REQUEST).encode(b"key").encode()
+    feed(backfills, Signal(100, TS, signed), 100, [])
+    assert runner.started == [("b1", None, 0)]
+
+
+def test_a_snapshots_backfill_the_config_no_longer_allows_is_dropped() -> None:
+    runner = FakeRunner()
+    state: BackfillState = {"request": {"id": "b9", "sink": "app-to-nats", "table": "public.secrets",
+                                        "sort_column": None, "start_position": None}, "after": None, "rows": 0}
+    backfills = make(runner, [state])
+    assert runner.started == [] and backfills.floor is None

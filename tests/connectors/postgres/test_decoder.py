@@ -35,6 +35,7 @@ from connectors.postgres.decoder import (
     ResumePoint,
     change_memory,
 )
+from connectors.postgres.messages import OWNED
 from connectors.postgres.protocol import pg_timestamp
 from connectors.postgres.types import Catalog
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
@@ -202,14 +203,61 @@ def test_truncate_is_one_change_per_table_at_one_index_and_types_reach_the_catal
     assert catalog.types == [relations.TypeName(16500, "", "int4")]
 
 
-def test_logical_messages_go_to_the_callback_and_are_not_changes() -> None:
+def test_heartbeats_go_to_the_callback_others_messages_nowhere() -> None:
     seen: list[tuple[str, bytes]] = []
-    decoder = Decoder(FakeCatalog(), ResumePoint(), lambda prefix, content: seen.append((prefix, content)))
+    ignored: list[tuple[str, str]] = []
+    decoder = Decoder(FakeCatalog(), ResumePoint(), lambda prefix, content: seen.append((prefix, content)),
+                      on_ignored=lambda prefix, reason, _: ignored.append((prefix, reason)))
     for message in transaction(1000, 1100, ref.Message(None, True, 1000, "walflow.heartbeat", b"{}")):
         decoder.feed(message)
+    decoder.feed(xlog(ref.Message(None, False, 1200, "walflow.heartbeat", b"[]")))  # anyone may write one
     decoder.feed(xlog(ref.Message(None, False, 1200, "other", b"x")))
-    assert seen == [("walflow.heartbeat", b"{}"), ("other", b"x")]
+    decoder.feed(xlog(ref.Message(None, False, 1200, "p" * 100, b"x")))  # longer than any prefix walflow owns
+    decoder.feed(xlog(ref.Message(None, False, 1200, "walflow.heartbeatX", b"x")))
+    assert seen == [("walflow.heartbeat", b"{}"), ("walflow.heartbeat", b"[]")] and ignored == []
     assert decoder.take()[0] == [1100]
+
+
+def test_a_message_over_its_prefixs_limit_is_ignored_without_being_copied() -> None:
+    seen: list[tuple[str, bytes]] = []
+    ignored: list[tuple[str, str]] = []
+    decoder = Decoder(FakeCatalog(), ResumePoint(), lambda prefix, content: seen.append((prefix, content)),
+                      frozenset({"walflow.backfill"}), lambda prefix, reason, _: ignored.append((prefix, reason)))
+    insert = ref.Insert(None, 16400, text("1", "a"))
+    decoder.feed(xlog(ORDERS))
+    for message in transaction(1000, 1100,
+                               ref.Message(None, True, 1000, "walflow.heartbeat", b"x" * 1025),
+                               ref.Message(None, True, 1000, "walflow.backfill", b"x" * (64 * 1024 + 1)),
+                               ref.Message(None, True, 1000, "sequin:transaction_annotations.set", b"1" * 70_000),
+                               insert):
+        decoder.feed(memoryview(message))  # as the session hands them over
+    items = decoder.take()[0]
+    assert seen == [] and [c.annotations for c in changes(items)] == [None]
+    assert ignored == [("walflow.heartbeat", "too_large"), ("walflow.backfill", "too_large"),
+                       ("sequin:transaction_annotations.set", "too_large")]
+    assert [c.commit_idx for c in changes(items)] == [3]  # each message still takes its index
+
+
+def test_signals_are_staged_with_their_size_and_only_from_transactions() -> None:
+    ignored: list[tuple[str, str]] = []
+    decoder = Decoder(FakeCatalog(), ResumePoint(), None, frozenset({"walflow.backfill"}),
+                      lambda prefix, reason, _: ignored.append((prefix, reason)))
+    for message in transaction(1000, 1100, ref.Message(None, True, 1000, "walflow.backfill", b"{" * 1000)):
+        decoder.feed(message)
+    decoder.feed(xlog(ref.Message(None, False, 1200, "walflow.backfill", b"{}")))
+    items, sizes, total = decoder.take()
+    assert [type(i).__name__ for i in items] == ["Signal", "int"] and sizes[0] == change_memory(1000, 0)
+    assert total == sizes[0] and ignored == [("walflow.backfill", "malformed")]
+
+
+def test_a_name_that_is_not_utf8_is_read_with_its_bytes_escaped() -> None:
+    """A database in another encoding sends its names as they are: reading goes on."""
+    relation = encode(ORDERS).replace(b"orders", b"caf\xe9s")
+    decoder = Decoder(FakeCatalog(), ResumePoint())
+    decoder.feed(xlog(relation))
+    for message in transaction(1000, 1100, ref.Insert(None, 16400, text("1", "a"))):
+        decoder.feed(message)
+    assert [c.table.name for c in changes(decoder.take()[0])] == ["caf\\xe9s"]
 
 
 def test_commit_idx_counts_every_message_of_the_transaction_as_sequin_does() -> None:
@@ -381,6 +429,22 @@ def _raw(data: ref.TupleData, ncols: int) -> RawRow:
     return tuple(out)
 
 
+def _name(text: str) -> str:
+    """A name as walflow reads it: bytes that are not UTF-8 as ``\\xNN``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _passed_over(data: bytes, in_transaction: bool) -> bool:
+    """A logical message that is not walflow's (by the first 64 bytes of its prefix): walflow
+    does not read past its flags (``connectors/postgres/messages.py``); bad flags are refused."""
+    flags = data[26]
+    if len(data) < 35 or flags & ~1 or (flags and not in_transaction):
+        raise ValueError("flags")
+    head = data[35:99]
+    end = head.find(0)
+    return end < 0 or head[:end] not in OWNED
+
+
 def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tuple[list[Item], int] | str:
     """What the decoder should stage, from the reference decoder and a plain model of transactions."""
     decoder = ref.Decoder()
@@ -408,6 +472,9 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
                 if txn is None:
                     mark(wal_end)
                 continue
+            if data[25:26] == b"M" and _passed_over(data, txn is not None):
+                idx += data[26] & 1  # someone else's message: only its place in the transaction counts
+                continue
             msg = decoder.decode(data[25:])
             if isinstance(msg, ref.Begin):
                 assert txn is None
@@ -421,10 +488,10 @@ def oracle(catalog: Catalog, messages: list[bytes], resume: ResumePoint) -> tupl
             elif isinstance(msg, ref.Relation):
                 assert all(c.flags in (0, 1) for c in msg.columns)  # proto 1: only "part of the key"
                 tables[msg.relid] = catalog.describe(relations.Relation(
-                    msg.relid, msg.namespace, msg.name, msg.replica_identity,
-                    tuple(relations.Column(c.name, c.type_oid, c.typmod, c.is_key) for c in msg.columns)))
+                    msg.relid, _name(msg.namespace), _name(msg.name), msg.replica_identity,
+                    tuple(relations.Column(_name(c.name), c.type_oid, c.typmod, c.is_key) for c in msg.columns)))
             elif isinstance(msg, ref.Type):
-                catalog.type_seen(relations.TypeName(msg.oid, msg.namespace, msg.name))
+                catalog.type_seen(relations.TypeName(msg.oid, _name(msg.namespace), _name(msg.name)))
             elif isinstance(msg, ref.Insert | ref.Update | ref.Delete | ref.Truncate):
                 assert txn is not None
                 relids = msg.relids if isinstance(msg, ref.Truncate) else (msg.relid,)
