@@ -89,6 +89,6 @@ class IdScheme:
         if not text.startswith(prefix):
             return None
         lsn, sep, idx = text[len(prefix) :].partition(b":")
-        if not sep or not lsn.isdigit() or not idx.isdigit():
-            return None
+        if not sep or not lsn.isdigit() or not idx.isdigit() or len(lsn) > 20 or len(idx) > 20:
+            return None  # a stored message is anyone's: more digits than a 64-bit position has is not ours
         return Position(int(lsn), int(idx))

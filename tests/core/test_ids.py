@@ -58,6 +58,7 @@ def test_foreign_ids_decode_to_none() -> None:
     foreign = [
         "", "not-base64!", "é", _b64(""), _b64("12"), _b64("12:"), _b64(":3"), _b64("12:3x"), _b64("-1:2"),
         _b64("a:1"), _b64("12:3:4"),
+        _b64("9" * 5000 + ":1"), _b64("1:" + "9" * 5000),  # more digits than Python's int() takes: not a ValueError
     ]
     for ids in (WALFLOW, SEQUIN):
         for msg_id in foreign:
