@@ -23,6 +23,7 @@ figures come from the process that reads the slot) and serves them on its own en
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left
 from collections import defaultdict
@@ -34,6 +35,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 K = TypeVar("K", bound=Hashable)
+log = logging.getLogger("walflow.metrics")
 
 #: Seconds, for latencies from a millisecond (commit → ack at low rates: 4 ms at the median,
 #: README "Performance") to minutes (a catch-up, an outage of NATS).
@@ -45,6 +47,53 @@ WAL_STATUSES: Final = ("reserved", "extended", "unreserved", "lost")
 #: What ``walflow_backpressure_seconds_total`` is split by: the reader's buffer, the source's
 #: per-epoch budget and a sink partition's window of unacknowledged messages.
 BOUNDS: Final = ("reader_buffer", "epoch_budget", "sink_window")
+
+
+#: The most distinct tables the ``table`` label of a metric takes in one process; the changes
+#: of any further table are counted under :data:`OTHER_TABLES` (one warning says so). A role
+#: that may create tables in a ``FOR ALL TABLES`` publication must not grow memory without bound.
+MAX_TABLE_LABELS: Final = 10_000
+OTHER_TABLES: Final = "_other"
+
+
+class TableLabels:
+    """The ``table`` label's values, bounded: the first :data:`MAX_TABLE_LABELS` tables by name,
+    then :data:`OTHER_TABLES`. One per process (:class:`Metrics`), shared by its metrics."""
+
+    def __init__(self, limit: int = MAX_TABLE_LABELS) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __call__(self, table: str) -> str:
+        if table in self._seen:
+            return table
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(table)
+                return table
+            if not self._warned:
+                self._warned = True
+                log.warning("more than %d tables seen: the metrics count any further table as table=%r",
+                            self.limit, OTHER_TABLES)
+        return OTHER_TABLES
+
+
+class _TableCounter(Counter):
+    """A counter with a ``table`` label whose values :class:`TableLabels` bounds (``tables``,
+    set by :class:`Metrics`; the children prometheus-client makes per label values have none)."""
+
+    tables: TableLabels | None = None
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> _TableCounter:
+        tables = self.tables
+        if tables is not None and labelvalues:
+            values = list(labelvalues)
+            at = self._labelnames.index("table")
+            values[at] = tables(str(values[at]))
+            labelvalues = tuple(values)
+        return super().labels(*labelvalues, **labelkwargs)
 
 
 class CounterBatch(Generic[K]):
@@ -169,22 +218,22 @@ class Metrics:
         ProcessCollector(namespace="walflow", registry=r)
 
         # -- changes --------------------------------------------------------------------
-        self.changes_received = Counter(
+        self.changes_received = _TableCounter(
             "walflow_changes_received_total",
             "Row changes decoded from a replication slot (truncates included), by slot, table (schema.table) and "
             "action.",
             ["slot", "table", "action"], registry=r)
-        self.changes_filtered = Counter(
+        self.changes_filtered = _TableCounter(
             "walflow_changes_filtered_total",
             "Changes from the slot that a sink's filters dropped (its actions, source tables, row filters; every "
             "truncate).",
             ["sink", "table", "action"], registry=r)
-        self.dead_letters = Counter(
+        self.dead_letters = _TableCounter(
             "walflow_dead_letters_total",
             "Changes a sink could not shape, published as dead letters in their place (on_error: dead_letter), by "
             "the step that failed (filter, enrichment, transform, envelope, routing).",
             ["sink", "table", "step"], registry=r)
-        self.changes_published = Counter(
+        self.changes_published = _TableCounter(
             "walflow_changes_published_total",
             "Messages JetStream acknowledged (stored, or dropped as a duplicate of one stored), backfill reads "
             "as action read.",
@@ -272,14 +321,20 @@ class Metrics:
         self._bound_sums: dict[str, tuple[_Sum, _Sum]] = {}
 
         # -- backfills --------------------------------------------------------------------
-        self.backfill_rows = Counter(
+        self.backfill_rows = _TableCounter(
             "walflow_backfill_rows_total",
             "Rows a backfill handed to the dataflow as reads (rows changed during their chunk's window are left "
             "to the change).",
             ["sink", "table"], registry=r)
-        self.backfill_chunks = Counter(
+        self.backfill_chunks = _TableCounter(
             "walflow_backfill_chunks_total", "Backfill chunks whose reads were handed to the dataflow.",
             ["sink", "table"], registry=r)
+
+        #: What bounds every ``table`` label of this process's metrics.
+        self.tables = TableLabels()
+        for metric in (self.changes_received, self.changes_filtered, self.dead_letters, self.changes_published,
+                       self.backfill_rows, self.backfill_chunks):
+            metric.tables = self.tables
 
     def exposition(self) -> bytes:
         """Every metric, in Prometheus's text format."""

@@ -101,3 +101,16 @@ def test_every_name_served_is_walflows_and_each_process_has_its_own() -> None:
     assert {dict(k)["bound"] for k in _samples(one, "walflow_backpressure_seconds_total")} == {
         "reader_buffer", "epoch_budget", "sink_window"}  # every bound's series from the start
     assert _samples(other, "walflow_reconnects_total") == {}
+
+
+def test_the_table_label_is_bounded() -> None:
+    """A role that may create tables in a FOR ALL TABLES publication cannot grow the metrics
+    without bound: past the limit, further tables count as one."""
+    metrics = Metrics()
+    metrics.tables.limit = 3
+    for i in range(5):
+        metrics.changes_received.labels("slot", f"public.t{i}", "insert").inc()
+    metrics.changes_published.labels("sink", "public.t0", "insert").inc()  # a table already seen keeps its name
+    tables = {s.labels["table"] for family in text_string_to_metric_families(metrics.exposition().decode())
+              for s in family.samples if s.name.startswith("walflow_changes_") and "table" in s.labels}
+    assert tables == {"public.t0", "public.t1", "public.t2", "_other"}
