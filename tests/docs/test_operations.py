@@ -16,7 +16,7 @@ FAILURE_MODES = [
     "Postgres restarted", "Walsender killed", "Network partition", "Slot held by another PID (55006)",
     "Slot invalidated (`wal_status` lost)", "NATS down, slow, or refusing permissions", "WAL growth (slot lag)",
     "Disk full", "Long transactions", "Idle database", "Filtered tables", "Backfills stuck",
-    "Memory bound reached / backpressure", "Config errors",
+    "Memory bound reached / backpressure", "Config errors", "A logical message walflow ignored",
 ]
 
 
