@@ -237,3 +237,24 @@ class Message(NamedTuple):
     subject: bytes | None = None
     #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
     headers: bytes = b""
+
+
+class JsonText:
+    """A json or jsonb value nested too deep to load as Python values: its text, exactly as
+    Postgres sent it (valid JSON: Postgres checked it), published as it is
+    (:func:`connectors.postgres.types.json_loads`). Shaping sees this object: a condition or
+    a path cannot look inside it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is JsonText and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"JsonText({len(self.text)} bytes)"

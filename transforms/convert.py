@@ -7,7 +7,9 @@ the key. It needs nothing but the change: the :class:`core.events.Table` the cha
 to holds a loader per column.
 
 - A value a loader cannot represent (``infinity`` dates, BC or year-10000 timestamps)
-  falls back to its text, exactly: nothing is lost and the pipeline does not stop.
+  falls back to its text, exactly: nothing is lost and the pipeline does not stop. So does
+  a value whose loader fails in a way nobody foresaw (a value is anyone's to write), with
+  one warning per table and column: conversion never stops the flow.
 - ``None`` (NULL) and ``UNCHANGED_TOAST`` pass as they are.
 - A key-only old row (``old_is_key``, under REPLICA IDENTITY DEFAULT): a delete's has
   every column, those Postgres did not send as None (Sequin's ``record`` of a delete); an
@@ -19,6 +21,7 @@ to holds a loader per column.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Final
 
@@ -26,8 +29,13 @@ import psycopg
 
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Action, Change, RawChange, RawRow, ReadOf, Row, Table
 
+log = logging.getLogger("walflow.transforms.convert")
+
 #: What a loader raises for a value Python cannot hold; the value then falls back to its text.
 _UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
+#: (table, column) pairs whose unforeseen failure was reported, at most this many.
+_warned: set[tuple[str, str]] = set()
+_MAX_WARNED: Final = 10_000
 
 
 def convert_row(table: Table, raw: RawRow) -> Row:
@@ -40,9 +48,23 @@ def convert_row(table: Table, raw: RawRow) -> Row:
                 out[name] = load(value)
             except _UNLOADABLE:
                 out[name] = value.decode("utf-8", "replace")
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - not swallowed: the exact text is published, and said once
+                _unforeseen(table, name, exc)
+                out[name] = value.decode("utf-8", "replace")
         else:
             out[name] = value
     return out
+
+
+def _unforeseen(table: Table, column: str, exc: Exception) -> None:
+    """One warning per table and column whose loader failed unforeseen (never the value)."""
+    key = (table.qualified, column)
+    if key not in _warned and len(_warned) < _MAX_WARNED:
+        _warned.add(key)
+        log.warning("%s.%s: a value could not be converted (%s): published as its Postgres text", table.qualified,
+                    column, type(exc).__name__)
 
 
 def _key_row(table: Table, raw: RawRow) -> Row:

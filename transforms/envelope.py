@@ -83,7 +83,7 @@ import orjson
 from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, Message, Row, UnchangedToast
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, JsonText, Message, Row, UnchangedToast
 from core.ids import IdScheme
 from transforms.record import changed_values
 
@@ -145,6 +145,8 @@ def _default(value: Any) -> Any:
         return text if "E" not in text else _positional(value)
     if kind is UnchangedToast:
         return UNCHANGED_TOAST_MARKER
+    if kind is JsonText:  # a document too deep to load: its text, as it is
+        return orjson.Fragment(value.text)
     raise TypeError(kind)
 
 
@@ -163,6 +165,14 @@ def _nones(row: Row) -> int:
     return list(row.values()).count(None)
 
 
+def _fragment_nulls(row: Row) -> int:
+    """The ``null`` a row's spliced documents (:class:`JsonText`) write themselves (0 without
+    one: one C-level scan of its values' types, only for rows whose JSON holds a ``null``)."""
+    if JsonText not in map(type, row.values()):
+        return 0
+    return sum(value.text.count(b"null") for value in row.values() if type(value) is JsonText)
+
+
 def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")  # json.loads accepts NaN and Infinity; Jason does not
 
@@ -172,7 +182,7 @@ def _parsed_annotations(text: bytes) -> Any:
     :meth:`Envelope._annotations` warns about it)."""
     try:
         return json.loads(text, parse_constant=_not_json)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -459,8 +469,9 @@ class Envelope:
         if text is not last and text != last:
             try:  # json, not orjson: integers beyond 64 bits stay exact, as in Jason (once per transaction)
                 rendered = _json(json.loads(text, parse_constant=_not_json))
-            except ValueError as exc:
-                log.warning("transaction annotations are not JSON (%s): published as null: %.200r", exc, text)
+            except (ValueError, RecursionError) as exc:  # not JSON, or nested deeper than Python reads
+                log.warning("transaction annotations of %d bytes are not JSON walflow can read (%s): published "
+                            "as null", len(text), type(exc).__name__)
                 rendered = b"null"
             self._last_annotations = (text, rendered)
         return rendered
@@ -473,11 +484,38 @@ class Envelope:
         try:
             out = _dumps(row, default=self._default, option=self._options)
         except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write
-            return _json(self._row(row))
-        if (b"null" in out and out.count(b"null") != _nones(row)) or (
+            return self._exact(row)
+        if (b"null" in out and out.count(b"null") != _nones(row) + _fragment_nulls(row)) or (
             self._timestamps and _EXACT_TIMESTAMP.search(out) is not None
         ):
-            return _json(self._row(row))
+            return self._exact(row)
+        return out
+
+    def _exact(self, row: Row) -> bytes:
+        """``row`` by the exact encoder. A JSON document too deep to load (an ``orjson.Fragment``
+        (:class:`JsonText`, :func:`connectors.postgres.types.json_loads`), as a value or an array's
+        element, goes in as that text: a placeholder no value can hold (a random token between
+        NULs, which no Postgres text contains) is written in its place, then replaced."""
+        row = self._row(row)
+        fragments: dict[bytes, bytes] = {}
+        nonce = uuid.uuid4().hex
+
+        def placeholder(document: JsonText) -> str:
+            token = f"\x00{nonce}:{len(fragments)}\x00"
+            fragments[_json(token)] = document.text
+            return token
+
+        spliced: Row | None = None
+        for name, value in row.items():
+            kind = type(value)
+            if kind is JsonText or (kind is list and any(type(v) is JsonText for v in value)):
+                if spliced is None:
+                    spliced = dict(row)
+                spliced[name] = placeholder(value) if kind is JsonText else [
+                    placeholder(v) if type(v) is JsonText else v for v in value]
+        out = _json(row if spliced is None else spliced)
+        for token, contents in fragments.items():
+            out = out.replace(token, contents)
         return out
 
     def _value(self, value: Any) -> Any:

@@ -63,14 +63,20 @@ _new_message: Final = tuple.__new__
 _Pending = tuple[int, Plan, Change, Table]
 
 
+class _Worded(TypeError):
+    """A failure walflow words itself, from types only (never a value): said as it is."""
+
+
 class StepFailed(Exception):
     """One change could not be shaped: which step, and why (the cause is chained)."""
 
     def __init__(self, step: str, reason: BaseException) -> None:
-        super().__init__(f"{step}: {reason}")
+        super().__init__(f"{step}: {type(reason).__name__}")
         self.step = step
-        #: What the messages say (for steps that see unmasked values, without the exception's text).
         self.reason = reason
+        #: What dead letters and the stop line say: the exception's type, never its text (a step
+        #: sees the row's values, and a value, a rendered subject or a callable's message may quote one).
+        self.told = str(reason) if type(reason) is _Worded else type(reason).__name__
 
 
 class Render:
@@ -146,7 +152,7 @@ class Render:
                 except (StepFailed, FatalError):
                     raise
                 except Exception as exc:  # not swallowed: the policy applies, with the row's position
-                    raise StepFailed("shaping", _unmasked(exc, plan)) from exc
+                    raise StepFailed("shaping", exc) from exc
             except StepFailed as failed:
                 out[place] = self._failed(plan, change, failed)
             if out[place] is None:
@@ -171,7 +177,7 @@ class Render:
             try:
                 found[place] = enricher.lookup(table, keys)
             except Exception as exc:  # noqa: BLE001 (not swallowed: each of its changes follows on_error)
-                found[place] = StepFailed("enrichment", _unmasked(exc, plan))
+                found[place] = StepFailed("enrichment", exc)
         results: list[Any] = []
         for _, plan, change, table in pending:
             if plan.enrichment is None:
@@ -194,11 +200,9 @@ class Render:
             try:
                 keep = function(action, record, changes, metadata())
             except Exception as exc:
-                raise StepFailed(f"filter {name}", _unmasked(exc, plan)) from exc
+                raise StepFailed(f"filter {name}", exc) from exc
             if type(keep) is not bool:
-                shown = "" if plan.columns is not None else f" {_short(keep)}"
-                raise StepFailed(f"filter {name}", TypeError(
-                    f"returned {type(keep).__name__}{shown}, not True or False"))
+                raise StepFailed(f"filter {name}", _Worded(f"returned {type(keep).__name__}, not True or False"))
             if not keep:
                 return None
         if plan.plain:  # the envelope's own payload: only filters, routing or both apply
@@ -242,13 +246,13 @@ class Render:
                  f"(commit_idx {change.commit_idx})")
         if self._sink.on_error == "stop":
             raise FatalError(
-                f"{self._label}: {failed.step} failed for {where}: {failed.reason}. Nothing at or "
+                f"{self._label}: {failed.step} failed for {where}: {failed.told}. Nothing at or "
                 "after it is confirmed: fix it (or set on_error: dead_letter) and restart; it is published then"
             ) from failed
         self._dead.counts[(f"{change.schema}.{change.table}", failed.step.split(" ")[0])] += 1
         key, pks = self._published_key(plan, change)
         payload = to_json({
-            "error": {"step": failed.step, "message": str(failed.reason)},
+            "error": {"step": failed.step, "message": failed.told},
             "sink": self._sink.name,
             "action": change.action,
             "metadata": {
@@ -301,19 +305,5 @@ class _Lazy:
         return self._value
 
 
-def _unmasked(exc: Exception, plan: Plan) -> Exception:
-    """What a failure of a step that sees the row's unmasked values (filters, enrichment) may say:
-    with columns masked or left out, its type only — its text may quote a value (or a key), and
-    dead letters are published."""
-    if plan.columns is None:
-        return exc
-    return RuntimeError(f"{type(exc).__name__} (its text is not shown: this step sees unmasked values)")
-
-
 def _lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

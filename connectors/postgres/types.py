@@ -84,7 +84,7 @@ from psycopg.types.string import TextLoader
 
 from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
 from connectors.postgres.relations import Relation, TypeName
-from core.events import Loader, Table
+from core.events import JsonText, Loader, Table
 
 log = logging.getLogger("walflow.postgres.types")
 
@@ -126,20 +126,60 @@ _CATALOG_QUERY = (
 
 
 def json_loads(data: str | bytes) -> Any:
-    """What ``json.loads`` returns, through orjson where that is the same.
+    """What ``json.loads`` returns, through orjson where that is the same; a document nested
+    deeper than JSON can be written back (:data:`MAX_JSON_DEPTH`) as a
+    :class:`core.events.JsonText` of its text.
 
     orjson differs in two ways: it returns a float for an integer beyond 64 bits (a
     document with 19 digits in a row goes to ``json.loads``, string contents included, to
     be sure), and it refuses what ``json.loads`` accepts (``NaN``, ``1e400``, lone
     surrogates in json, a BOM): those are parsed again by ``json.loads``, which then returns
     or raises exactly what it always did.
+
+    **Any depth Postgres accepts.** jsonb and json have no depth limit; orjson writes at
+    most 254 levels (less the row and arrays around a value) and Python's parser stops near
+    1,000 (``RecursionError``). The text
+    Postgres sends is valid JSON, so a deeper document is published as that text, as it is
+    (the envelope splices it in); shaping sees the ``JsonText`` (a condition or a path cannot
+    look inside it). Only a document with more brackets than the limit is
+    measured at all: the ordinary path pays one ``bytes.count`` pair.
     """
     if type(data) is bytes and _LONG_DIGITS.search(data) is None:  # psycopg passes bytes
         try:
-            return orjson.loads(data)
+            value = orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data)
+        else:
+            return value if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH or _shallow(value) else (
+                JsonText(data))
+    try:
+        value = json.loads(data)
+    except RecursionError:  # deeper than Python parses: still the JSON Postgres validated
+        return JsonText(_as_bytes(data))
+    return value if _shallow(value) else JsonText(_as_bytes(data))
+
+
+def _as_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+#: The deepest document loaded as Python values: orjson writes at most 254 levels, and a value
+#: sits inside a row (one level) and maybe an array of up to 6 dimensions; deeper documents
+#: are carried as their text.
+MAX_JSON_DEPTH: Final = 240
+
+
+def _shallow(value: Any) -> bool:
+    """Whether ``value`` nests at most :data:`MAX_JSON_DEPTH` levels (without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list:
+            if depth > MAX_JSON_DEPTH:
+                return False
+            stack.extend((child, depth + 1) for child in (item.values() if kind is dict else item))
+    return True
 
 
 _INTERVAL: Final = re.compile(

@@ -394,5 +394,5 @@ def test_nothing_masked_leaves_in_clear_through_reads_enrichment_or_dead_letters
     assert all(e.event["metadata"]["enrichment"]["email"] == e.event["record"]["email"] for e in reads)
     assert {e.event["metadata"]["enrichment"]["plan_name"] for e in reads} == {"GOLD", "FREE"}
     dead = next(e for e in events if "error" in e.event)
-    assert dead.event["error"]["message"].startswith("ValueError (its text is not shown")
+    assert dead.event["error"]["message"] == "ValueError"
     assert dead.event["metadata"]["record_pks"] == [_hash("linus.t@example.com")]

@@ -6,10 +6,11 @@ import datetime as dt
 from decimal import Decimal
 
 import psycopg
+import pytest
 
-from core.events import UNCHANGED_TOAST, Change, Loader
+from core.events import UNCHANGED_TOAST, Change, Loader, Table
 from tests.transforms.samples import TS, raw_change
-from transforms.convert import convert
+from transforms.convert import convert, convert_row
 
 
 def _too_far(text: bytes) -> dt.date:
@@ -71,3 +72,16 @@ def test_pks_are_the_key_texts_in_column_order_from_the_new_row_or_a_deletes_old
 def test_annotations_pass_through() -> None:
     raw = raw_change()._replace(annotations=b'{"a": 1}')
     assert convert(raw).annotations == b'{"a": 1}'
+
+
+def test_a_loader_failing_unforeseen_falls_back_to_the_text_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A value is anyone's to write: whatever a loader raises, the exact text is published."""
+    def broken(_: bytes) -> object:
+        raise KeyError("secret value")
+
+    table = Table("public", "t", ("id", "v"), ("id",), ("id",), (bytes.decode, broken))
+    with caplog.at_level("WARNING"):
+        assert convert_row(table, (b"1", b"abc")) == {"id": "1", "v": "abc"}
+        assert convert_row(table, (b"2", b"def")) == {"id": "2", "v": "def"}
+    warnings = [r.getMessage() for r in caplog.records if "could not be converted" in r.getMessage()]
+    assert warnings == ["public.t.v: a value could not be converted (KeyError): published as its Postgres text"]

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
-from core.events import UNCHANGED_TOAST, Action, Change, Message, ReadOf, Row
+from connectors.postgres.types import json_loads
+from core.events import UNCHANGED_TOAST, Action, Change, JsonText, Message, ReadOf, Row
 from core.ids import IdScheme
 from tests.transforms.samples import TS, TS_US, make_database, make_sink
 from transforms.envelope import Envelope, NotJSON, derived_id, encode_json, iso_usec
@@ -1172,3 +1173,17 @@ def _surrogate(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_surrogate(key) or _surrogate(item) for key, item in value.items())
     return False
+
+
+def test_json_too_deep_to_load_is_published_as_its_text() -> None:
+    """json/jsonb of any depth: deeper than orjson writes, the loader keeps Postgres's text
+    (``JsonText``) and the envelope splices it in, on orjson's path and on the exact one."""
+    for levels in (241, 300, 1500, 20_000):
+        text = ("[" * levels + '{"a": null}' + "]" * levels).encode()
+        value = json_loads(text)
+        assert value == JsonText(text)
+        encode = envelope().encode_row
+        assert encode({"id": 1, "doc": value}) == b'{"id":1,"doc":' + text + b"}"
+        exact = encode({"id": 1, "doc": value, "f": float("nan"), "list": [value, None]})  # NaN: the exact encoder
+        assert exact == b'{"id":1,"doc":' + text + b',"f":"NaN","list":[' + text + b",null]}"
+    assert json_loads(b"[" * 240 + b"]" * 240) == json.loads(b"[" * 240 + b"]" * 240)  # still Python values
