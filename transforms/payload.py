@@ -48,7 +48,9 @@ _NO_KEY_IS_NONE: Final = (list, datetime, date, time, Decimal)
 
 class TransformError(ValueError):
     """A transform failed for one message: its function raised, it returned a value that is not
-    JSON, or its path went through a value that has no keys. The cause is chained."""
+    JSON, or its path went through a value that has no keys. The cause is chained. Its text is
+    walflow's, from names and types only (never a value, nor a key of a returned value, nor
+    the function's own message): dead letters say it as it is."""
 
 
 def path_value(path: str, action: str, record: Row, changes: Row | None, metadata: dict[str, Any]) -> Any:
@@ -112,9 +114,8 @@ class Transformer:
             try:
                 value = function(action, record, changes, metadata)
             except Exception as exc:  # whatever the user's function raises fails this message only
-                raise TransformError(f"transform {self.name} raised {exc!r}") from exc
+                raise TransformError(f"transform {self.name} raised {type(exc).__name__}") from exc
         try:
             return encode_json(value, self._unix)
-        except NotJSON as exc:
-            where = f" at {exc.where}" if exc.where else ""
-            raise TransformError(f"transform {self.name} returned {exc.what}{where}, which is not JSON") from exc
+        except NotJSON as exc:  # where in the value is not said: its keys may be the row's values
+            raise TransformError(f"transform {self.name} returned {exc.what}, which is not JSON") from exc

@@ -55,6 +55,7 @@ from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
 from transforms.envelope import Envelope
+from transforms.payload import TransformError
 from transforms.record import record_and_changes
 from transforms.shape import Plan, Shaping
 
@@ -64,7 +65,8 @@ _Pending = tuple[int, Plan, Change, Table]
 
 
 class _Worded(TypeError):
-    """A failure walflow words itself, from types only (never a value): said as it is."""
+    """A failure walflow words itself, from types only (never a value): said as it is, like a
+    :class:`~transforms.payload.TransformError`."""
 
 
 class StepFailed(Exception):
@@ -76,7 +78,7 @@ class StepFailed(Exception):
         self.reason = reason
         #: What dead letters and the stop line say: the exception's type, never its text (a step
         #: sees the row's values, and a value, a rendered subject or a callable's message may quote one).
-        self.told = str(reason) if type(reason) is _Worded else type(reason).__name__
+        self.told = str(reason) if type(reason) in (_Worded, TransformError) else type(reason).__name__
 
 
 class Render:

@@ -206,14 +206,14 @@ def test_a_function_that_raises_is_a_transform_error_with_its_cause() -> None:
     step = transformer(TransformFunction(python="shaping.orders:transform"), transform)
     with pytest.raises(TransformError) as caught:
         step("insert", RECORD, None, metadata())
-    assert str(caught.value) == "transform shaping.orders:transform raised KeyError('x')"
+    assert str(caught.value) == "transform shaping.orders:transform raised KeyError"  # never its text
     assert isinstance(caught.value.__cause__, KeyError)
 
 
 @pytest.mark.parametrize(("result", "message"), [
     ({"a", "b"}, "transform m:f returned a set, which is not JSON"),
-    ({"payload": b"raw"}, "transform m:f returned a bytes at ['payload'], which is not JSON"),
-    ([1, {2: "x"}], "transform m:f returned a dict with an int key at [1], which is not JSON"),
+    ({"payload": b"raw"}, "transform m:f returned a bytes, which is not JSON"),
+    ([1, {2: "x"}], "transform m:f returned a dict with an int key, which is not JSON"),
     (object(), "transform m:f returned an object, which is not JSON"),
     (dt.timedelta(1), "transform m:f returned a datetime.timedelta, which is not JSON"),
 ])

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connectors.postgres.types import json_loads
+from connectors.postgres.types import _shallow, json_loads
+from core.events import JsonText
 
 
 def same(a: object, b: object) -> bool:
@@ -43,14 +44,19 @@ def outcome(loads: Callable[[bytes], Any], data: bytes) -> tuple[str, Any]:
 
 
 def assert_like_json_loads(data: bytes) -> None:
+    """As ``json.loads``, but a document too deep for it (or for orjson to write back) is its
+    text, carried as it is (``JsonText``), never a ``RecursionError``."""
     expected, got = outcome(json.loads, data), outcome(json_loads, data)
+    if expected == ("error", RecursionError) or (expected[0] == "value" and not _shallow(expected[1])):
+        assert got == ("value", JsonText(data)), (data, expected, got)
+        return
     assert expected[0] == got[0] and same(expected[1], got[1]), (data, expected, got)
 
 
 JSON_EDGES = [
     b"12345678901234567890", b"123456789012345678901234567890", b"-9223372036854775809", b"18446744073709551616",
     b"18446744073709551615", b"-0", b"-0.0", b'{"a":1,"a":2}', b"1E400", b"1e-400", b"0.1", b"1e2", b"1.0",
-    b'"\\ud800"', b'"\\u0000"', b'"\\ud83d\\ude00"', b"[" * 2000 + b"]" * 2000, b' {"x" : [1, 2.5, null, true]} ',
+    b'"\\ud800"', b'"\\u0000"', b'"\\ud83d\\ude00"', b"[" * 2000 + b"]" * 2000, b"[" * 241 + b"]" * 241, b"[" * 240 + b"]" * 240, b' {"x" : [1, 2.5, null, true]} ',
     b"NaN", b"Infinity", b"-Infinity", b"1.7976931348623157e308", b"5e-324", b"9007199254740993", b"1" + b"0" * 400,
     b'"\xff"', b"\xef\xbb\xbf{}", b'{"a": 1}\n', b"[1,]", b"", b'{"n": 12345678901234567890}', b'"1234567890123456789"',
     b'{"big": -123456789012345678901234567890.5e3}', b"[1e23, 8.98846567431158e307, 2.2250738585072011e-308]",
