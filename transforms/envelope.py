@@ -485,7 +485,7 @@ class Envelope:
             out = _dumps(row, default=self._default, option=self._options)
         except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write
             return self._exact(row)
-        if (b"null" in out and out.count(b"null") != _nones(row) + _fragment_nulls(row)) or (
+        if (b"null" in out and (nulls := out.count(b"null")) != _nones(row) and nulls != _nones(row) + _fragment_nulls(row)) or (
             self._timestamps and _EXACT_TIMESTAMP.search(out) is not None
         ):
             return self._exact(row)
