@@ -3,7 +3,7 @@
 Public helpers: :func:`write_config` (a walflow.yaml for a test's database and NATS),
 :func:`pipeline` (the dataflow in its own process), :func:`assert_running` (a ``wait_for``
 check that fails with the pipeline's log once it exited), :func:`stored` / :class:`Stored`
-(what JetStream holds), :func:`run_to_exit` and :func:`fatal_line` (a pipeline that must
+(what JetStream holds), :func:`loads_any_depth` and :func:`any_depth` (JSON as deep as Postgres holds it), :func:`run_to_exit` and :func:`fatal_line` (a pipeline that must
 stop by itself, and the one line it stops with), and ``ROOT`` (the repository).
 """
 
@@ -137,6 +137,25 @@ def assert_running(*procs: ServerProcess) -> None:
             raise AssertionError(f"the pipeline exited:\n{proc.log_tail(40)}")
 
 
+@contextmanager
+def any_depth() -> Iterator[None]:
+    """The interpreter's recursion limit raised for a block, so that ``json.loads`` and ``==``
+    (both recurse in C, one level a call, counted by that limit) handle JSON nested as deep as
+    Postgres accepts: C's stack holds thousands of levels."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def loads_any_depth(data: bytes) -> Any:
+    """``json.loads`` of JSON however deeply nested (:func:`any_depth`)."""
+    with any_depth():
+        return json.loads(data)
+
+
 def stored(url: str, stream: str) -> list[Stored]:
     """Everything in ``stream`` (empty if it does not exist yet), in stream order, a batch at a time."""
 
@@ -161,7 +180,7 @@ def stored(url: str, stream: str) -> list[Stored]:
                 while not out or out[-1].seq < last:
                     for msg in await sub.fetch(batch=2000, timeout=5):
                         out.append(Stored(msg.metadata.sequence.stream, msg.subject,
-                                          (msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b"{}"),
+                                          (msg.headers or {}).get("Nats-Msg-Id", ""), loads_any_depth(msg.data or b"{}"),
                                           dict(msg.headers or {}), msg.data or b""))
             finally:
                 await sub.unsubscribe()

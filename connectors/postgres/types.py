@@ -18,7 +18,10 @@ that for every built-in type, so walflow never parses a type by hand. What this 
 - **Partitions** are described as their parent table (schema, name), as Sequin reports them:
   a consumer sees one table whichever partition a row is stored in.
 - **json/jsonb** load with orjson where it gives what ``json.loads`` gives (several times
-  faster for small documents): see :func:`json_loads`.
+  faster for small documents), and as :class:`core.events.JsonText` (their text, published
+  as it is) where Python's values cannot carry them exactly: nested deeper than
+  :data:`MAX_JSON_DEPTH`, a number beyond a double, a lone surrogate escape. See
+  :func:`json_loads`.
 
 These loaders are registered on the catalog's own connection, not globally.
 
@@ -65,10 +68,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import orjson
 import psycopg
@@ -79,7 +83,7 @@ from psycopg.adapt import AdaptersMap, Transformer
 from psycopg.adapt import Loader as PsycopgLoader
 from psycopg.types import TypeInfo
 from psycopg.types.array import register_array
-from psycopg.types.json import set_json_loads
+from psycopg.types.json import JsonLoadsFunction, set_json_loads
 from psycopg.types.string import TextLoader
 
 from connectors.postgres.protocol import PG_EPOCH, pg_timestamp
@@ -88,8 +92,19 @@ from core.events import JsonText, Loader, Table
 
 log = logging.getLogger("walflow.postgres.types")
 
+#: The deepest document loaded as Python values: orjson writes at most 254 levels, and a value
+#: sits inside a row (one level) and maybe an array of up to 6 dimensions; deeper documents
+#: are carried as their text.
+MAX_JSON_DEPTH: Final = 240
+#: What json_loads looks for in a document (see there): digits as ``0``, ``[`` and ``{`` as ``[``.
+_SCAN: Final = bytes(48 if 48 <= b <= 57 else 91 if b in (91, 123) else 32 for b in range(256))
 #: orjson returns a float for an integer beyond 64 bits, which has at least 19 digits.
-_LONG_DIGITS: Final = re.compile(rb"\d{19}")
+_DIGITS_19: Final = b"0" * 19
+#: Fewer bytes than this cannot nest deeper than MAX_JSON_DEPTH (each level takes two).
+_SHALLOW: Final = 2 * (MAX_JSON_DEPTH + 1)
+#: A surrogate escape without its other half (``json.loads`` keeps it; nothing writes it as UTF-8).
+_LONE_SURROGATE: Final = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _JSON_OIDS: Final = frozenset({114, 3802})  # json, jsonb
 _TIMESTAMPTZ_OID: Final = 1184
 _INTERVAL_OID: Final = 1186
@@ -125,61 +140,76 @@ _CATALOG_QUERY = (
 )
 
 
-def json_loads(data: str | bytes) -> Any:
-    """What ``json.loads`` returns, through orjson where that is the same; a document nested
-    deeper than JSON can be written back (:data:`MAX_JSON_DEPTH`) as a
-    :class:`core.events.JsonText` of its text.
+def json_loads(data: bytes) -> Any:
+    """A json or jsonb value from Postgres's text: what ``json.loads`` returns, through orjson
+    where that is the same, or a :class:`core.events.JsonText` of the text where Python's
+    values cannot carry it exactly.
 
-    orjson differs in two ways: it returns a float for an integer beyond 64 bits (a
-    document with 19 digits in a row goes to ``json.loads``, string contents included, to
-    be sure), and it refuses what ``json.loads`` accepts (``NaN``, ``1e400``, lone
-    surrogates in json, a BOM): those are parsed again by ``json.loads``, which then returns
-    or raises exactly what it always did.
+    One ``translate`` finds what needs more than orjson: 19 digits in a row (orjson returns a
+    float for an integer beyond 64 bits: such a document goes to ``json.loads``, string
+    contents included, to be sure) and the brackets that could nest deeper than
+    :data:`MAX_JSON_DEPTH` (fewer than ``_SHALLOW`` bytes cannot). A JsonText is what orjson
+    refuses (nested deeper than it reads, a number beyond a double, a lone surrogate escape:
+    Postgres printed the text, so it is JSON), what it could not write inside a row
+    (:func:`_too_deep`), and what ``json.loads`` would read inexactly. Nothing is measured on
+    the common path: a small document costs the ``translate``, an ``in`` and orjson.
 
-    **Any depth Postgres accepts.** jsonb and json have no depth limit; orjson writes at
-    most 254 levels (less the row and arrays around a value) and Python's parser stops near
-    1,000 (``RecursionError``). The text
-    Postgres sends is valid JSON, so a deeper document is published as that text, as it is
-    (the envelope splices it in); shaping sees the ``JsonText`` (a condition or a path cannot
-    look inside it). Only a document with more brackets than the limit is
-    measured at all: the ordinary path pays one ``bytes.count`` pair.
+    **Any depth Postgres accepts.** jsonb and json have no depth limit; orjson reads 1,024
+    levels and writes 254, Python's parser stops near 1,000 (``RecursionError``). A deeper
+    document is published as its text, as it is (the envelope embeds it); shaping sees the
+    ``JsonText`` (a condition's or a transform's path cannot look inside it).
     """
-    if type(data) is bytes and _LONG_DIGITS.search(data) is None:  # psycopg passes bytes
+    scanned = data.translate(_SCAN)
+    if _DIGITS_19 not in scanned:
         try:
             value = orjson.loads(data)
+        except orjson.JSONDecodeError:  # Postgres printed it, so it is JSON that orjson refuses
+            return JsonText(data)
+        if len(data) < _SHALLOW or scanned.count(b"[") <= MAX_JSON_DEPTH or not _too_deep(value):
+            return value
+        return JsonText(data)
+    return _long_integers(data, scanned)
+
+
+def _long_integers(data: bytes, scanned: bytes) -> Any:
+    """:func:`json_loads` of a document with 19 digits in a row, through ``json.loads``: its
+    integers exact. Which of them is a JsonText: one that may nest too deep and does (orjson
+    tells, as above; a document orjson refuses is one too), one with a lone surrogate escape
+    (``json.loads`` keeps it in a str no encoder writes) or a number beyond a double."""
+    if len(data) >= _SHALLOW and scanned.count(b"[") > MAX_JSON_DEPTH:
+        try:
+            shape = orjson.loads(data)
         except orjson.JSONDecodeError:
-            pass
-        else:
-            return value if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH or _shallow(value) else (
-                JsonText(data))
+            return JsonText(data)
+        if _too_deep(shape):
+            return JsonText(data)
+    if _LONE_SURROGATE.search(data) is not None:
+        return JsonText(data)
     try:
-        value = json.loads(data)
-    except RecursionError:  # deeper than Python parses: still the JSON Postgres validated
-        return JsonText(_as_bytes(data))
-    return value if _shallow(value) else JsonText(_as_bytes(data))
+        return json.loads(data, parse_float=_finite, parse_constant=_finite)
+    except ValueError:
+        return JsonText(data)
 
 
-def _as_bytes(data: str | bytes) -> bytes:
-    return data.encode() if isinstance(data, str) else data
+def _too_deep(value: Any) -> bool:
+    """Whether orjson could not write ``value`` with 14 levels around it (a row, up to 6 array
+    dimensions, and room to spare): nested deeper than MAX_JSON_DEPTH. orjson's C walk, not
+    one of Python's: only a document with that many brackets is asked."""
+    for _ in range(254 - MAX_JSON_DEPTH):
+        value = [value]
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:  # the only one a value orjson read can raise: its depth
+        return True
+    return False
 
 
-#: The deepest document loaded as Python values: orjson writes at most 254 levels, and a value
-#: sits inside a row (one level) and maybe an array of up to 6 dimensions; deeper documents
-#: are carried as their text.
-MAX_JSON_DEPTH: Final = 240
-
-
-def _shallow(value: Any) -> bool:
-    """Whether ``value`` nests at most :data:`MAX_JSON_DEPTH` levels (without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if kind is dict or kind is list:
-            if depth > MAX_JSON_DEPTH:
-                return False
-            stack.extend((child, depth + 1) for child in (item.values() if kind is dict else item))
-    return True
+def _finite(text: str) -> float:
+    """A JSON number as ``json.loads`` reads it, refusing infinity (``1e400``): a double cannot hold it."""
+    value = float(text)
+    if math.isinf(value) or math.isnan(value):
+        raise ValueError("not a finite double")
+    return value
 
 
 _INTERVAL: Final = re.compile(
@@ -247,7 +277,8 @@ def _register_loaders(context: AdaptContext) -> None:
     """The loaders walflow wants instead of psycopg's defaults, on ``context`` only (a
     connection, or a process's own map in :func:`loaders_for`). Arrays of these types
     (psycopg knows their OIDs) pick up the element loaders from the same map."""
-    set_json_loads(json_loads, context)
+    # psycopg's json loaders hand over bytes (a memoryview is copied first), which json_loads takes
+    set_json_loads(cast(JsonLoadsFunction, json_loads), context)
     context.adapters.register_loader(_INTERVAL_OID, IntervalLoader)
     for oid in _TEXT_OIDS:
         context.adapters.register_loader(oid, TextLoader)

@@ -10,6 +10,7 @@ DDL that follows is what walflow, lagging behind, finds when it reads them.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import pickle
 from collections.abc import Iterator
@@ -19,8 +20,10 @@ import pytest
 
 from connectors.postgres.connection import conninfo
 from connectors.postgres.relations import Column, Relation, TypeName
-from connectors.postgres.types import Catalog, PgvectorLoader
+from connectors.postgres.types import MAX_JSON_DEPTH, Catalog, PgvectorLoader, TypeSpecs, loaders_for
+from core.events import JsonText
 from tests.harness import Database
+from tests.pipeline import any_depth
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -425,3 +428,49 @@ def test_a_table_pickled_to_another_process_converts_every_value_as_its_reader_d
             continue
         assert there(text) == expected, name
         assert type(there(text)) is type(expected), name
+
+
+# -- json and jsonb of any depth ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("levels", [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 254, 255, 256, 300, 1500])
+@pytest.mark.parametrize("kind", ["json", "jsonb"])
+def test_json_of_any_depth_the_server_accepts_loads_as_objects_or_its_exact_text(
+    conn: Conn, kind: str, levels: int
+) -> None:
+    """The server's own text output (jsonb's canonical form, json's as written), through the
+    catalog's loader and the one rebuilt past the exchange: Python objects up to MAX_JSON_DEPTH, its
+    text beyond; either way the same JSON."""
+    expression = f"""(repeat('[', {levels - 2}) || '{{"a" : 1, "a": [2, "x"]}}' || repeat(']', {levels - 2}))::{kind}"""
+    text = output(conn, expression)
+    oid = oid_of(conn, f"pg_typeof({expression})")
+    for load in (Catalog(conn).loader(oid), loaders_for(TypeSpecs((oid,), ()))[0]):
+        value = load(text)
+        if levels <= MAX_JSON_DEPTH:
+            with any_depth():
+                assert value == json.loads(text)
+        else:
+            assert value == JsonText(text)
+    if kind == "json":  # json keeps the text as written: spaces and both "a"
+        assert b'{"a" : 1, "a": [2, "x"]}' in text
+    else:
+        assert b'{"a": [2, "x"]}' in text
+
+
+def test_wide_json_and_what_python_would_read_inexactly(conn: Conn) -> None:
+    wide = "(SELECT jsonb_agg(jsonb_build_object('id', g, 'tags', jsonb_build_array('a', g))) FROM generate_series(1, 500) g)"
+    oid = oid_of(conn, f"pg_typeof({wide})")
+    text = output(conn, wide)
+    assert text.count(b"[") > MAX_JSON_DEPTH and Catalog(conn).loader(oid)(text) == json.loads(text)
+    for expression in ("""'{"n": 1e400}'::json""", """'"\\ud800"'::json""", """'[1e400, 12345678901234567890]'::json"""):
+        text = output(conn, expression)
+        assert Catalog(conn).loader(oid_of(conn, f"pg_typeof({expression})"))(text) == JsonText(text), expression
+    big = output(conn, "'1e400'::jsonb")  # jsonb prints the numeric's digits: an integer, exact
+    assert Catalog(conn).loader(3802)(big) == 10**400
+
+
+def test_an_array_of_deep_jsonb_loads_each_element(conn: Conn) -> None:
+    expression = "ARRAY[(repeat('[', 400) || repeat(']', 400))::jsonb, '{\"a\": 1}'::jsonb, NULL]"
+    text = output(conn, expression)
+    got = Catalog(conn).loader(oid_of(conn, f"pg_typeof({expression})"))(text)
+    assert got == [JsonText(b"[" * 400 + b"]" * 400), {"a": 1}, None]
