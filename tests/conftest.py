@@ -85,3 +85,9 @@ def stream_cleanup(nats_srv: Nats, names: TestNames) -> Iterator[str]:
     if not nats_srv.running:
         nats_srv.start()
     delete_stream(nats_srv.url, names.stream)
+
+
+@pytest.fixture(autouse=True)
+def _warnings_given_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process would: ``transforms.convert.warn_once`` has warned of nothing."""
+    monkeypatch.setattr("transforms.convert._warned", set())

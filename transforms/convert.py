@@ -8,8 +8,12 @@ to holds a loader per column.
 
 - A value a loader cannot represent (``infinity`` dates, BC or year-10000 timestamps)
   falls back to its text, exactly: nothing is lost and the pipeline does not stop. So does
-  a value whose loader fails in a way nobody foresaw (a value is anyone's to write), with
-  one warning per table and column: conversion never stops the flow.
+  a value whose loader fails in a way nobody foresaw (a value is anyone's to write): any
+  exception but MemoryError (the process is short of memory, not the value unreadable; it
+  stops, nothing past the change is confirmed, and a restart loses nothing). One warning
+  per table and column and process says so (:func:`warn_once`), naming the exception's
+  type, never the value: conversion never stops the flow, nor fills the log. The text is
+  exact for a UTF-8 database (a ``SQL_ASCII`` one's bytes that are not UTF-8 are replaced).
 - ``None`` (NULL) and ``UNCHANGED_TOAST`` pass as they are.
 - A key-only old row (``old_is_key``, under REPLICA IDENTITY DEFAULT): a delete's has
   every column, those Postgres did not send as None (Sequin's ``record`` of a delete); an
@@ -22,20 +26,39 @@ to holds a loader per column.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime
 from typing import Final
-
-import psycopg
 
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Action, Change, RawChange, RawRow, ReadOf, Row, Table
 
 log = logging.getLogger("walflow.transforms.convert")
 
-#: What a loader raises for a value Python cannot hold; the value then falls back to its text.
-_UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
-#: (table, column) pairs whose unforeseen failure was reported, at most this many.
-_warned: set[tuple[str, str]] = set()
+#: What :func:`warn_once` warned of in this process (every sink partition's, every thread's), at
+#: most this many: names anyone may create (tables) must not grow memory without bound.
+_warned: set[tuple[str, ...]] = set()
+_warned_lock = threading.Lock()
 _MAX_WARNED: Final = 10_000
+
+
+def warn_once(logger: logging.Logger, what: tuple[str, ...], message: str, *args: object) -> None:
+    """Log ``message`` (``%`` ``args``) on ``logger`` as a warning the first time this process
+    meets ``what`` (a table and column, say), and never again: a value that falls back to its
+    text falls back on every row, and one line says all there is to say. The message must
+    name no value."""
+    with _warned_lock:
+        if what in _warned or len(_warned) >= _MAX_WARNED:
+            return
+        _warned.add(what)
+    logger.warning(message, *args)
+
+
+def as_text(value: bytes, column: str, exc: Exception) -> str:
+    """``value``, which its loader could not convert (``exc``), as its Postgres text, with
+    :func:`warn_once`'s line for ``column`` (``public.orders.day``, an enrichment's column)."""
+    warn_once(log, ("column", column), "%s: a value could not be converted (%s): published as its Postgres text",
+              column, type(exc).__name__)
+    return value.decode("utf-8", "replace")
 
 
 def convert_row(table: Table, raw: RawRow) -> Row:
@@ -46,25 +69,13 @@ def convert_row(table: Table, raw: RawRow) -> Row:
         if type(value) is bytes:
             try:
                 out[name] = load(value)
-            except _UNLOADABLE:
-                out[name] = value.decode("utf-8", "replace")
             except MemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - not swallowed: the exact text is published, and said once
-                _unforeseen(table, name, exc)
-                out[name] = value.decode("utf-8", "replace")
+                out[name] = as_text(value, f"{table.qualified}.{name}", exc)
         else:
             out[name] = value
     return out
-
-
-def _unforeseen(table: Table, column: str, exc: Exception) -> None:
-    """One warning per table and column whose loader failed unforeseen (never the value)."""
-    key = (table.qualified, column)
-    if key not in _warned and len(_warned) < _MAX_WARNED:
-        _warned.add(key)
-        log.warning("%s.%s: a value could not be converted (%s): published as its Postgres text", table.qualified,
-                    column, type(exc).__name__)
 
 
 def _key_row(table: Table, raw: RawRow) -> Row:

@@ -34,8 +34,9 @@ load it as: a domain, an enum, ``inet`` or ``id::text`` match as well as an int.
 
 **Values** load as a record's do (:class:`connectors.postgres.types.Catalog`'s loader per
 result column type: json through orjson, intervals and bytea as ``record`` shows them, a
-domain as its base type, …; a value a loader cannot hold stays its text, as in
-:mod:`transforms.convert`), so the envelope writes them as it writes ``record``.
+domain as its base type, …; a value a loader cannot convert stays its text, with one
+warning per column, as in :mod:`transforms.convert`), so the envelope writes them as it
+writes ``record``.
 
 **The connection**: one per :class:`Enricher`, opened at its first query. An Enricher is not
 thread-safe: each sink partition has its own, so one connection per partition, used by
@@ -58,7 +59,7 @@ import logging
 import random
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 from psycopg.types.string import StrDumperUnknown
@@ -68,12 +69,11 @@ from config.shaping import Enrichment
 from connectors.postgres.connection import conninfo
 from connectors.postgres.types import Catalog
 from core.events import Loader, Table
+from transforms.convert import as_text
 
 log = logging.getLogger("walflow.enrichment")
 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 5.0
-#: What a loader raises for a value Python cannot hold; the value then stays its text (as in transforms.convert).
-_UNLOADABLE: Final = (psycopg.DataError, ValueError, OverflowError)
 
 #: A key: its columns' texts in column order (Sequin's ``record_pks``).
 Key = tuple[str, ...]
@@ -160,7 +160,7 @@ class Enricher:
                 shown = ", ".join(f"{name}={value}" for name, value in zip(names, key, strict=True))
                 raise EnrichmentError(f"{self._label}: the enrichment query returned {count} rows for {table.qualified} "
                                       f"key ({shown}): it must return at most one row per key")
-            found[key] = _loaded(columns, loaders, raw)
+            found[key] = self._loaded(columns, loaders, raw)
 
     def _run(self, params: list[_ArrayLiteral]) -> _Result:
         """The query's result for ``params``, on a new connection after a lost one (see the
@@ -221,16 +221,18 @@ class Enricher:
             state += f"; timeout_ms is {self._spec.timeout_ms}"
         return EnrichmentError(f"{self._label}: the enrichment query failed: {message}{state}")
 
-
-def _loaded(columns: list[str], loaders: list[Loader], raw: tuple[bytes | None, ...]) -> dict[str, Any]:
-    """A result row by column name, its values loaded (see the module's docstring)."""
-    row: dict[str, Any] = {}
-    for name, load, text in zip(columns, loaders, raw, strict=True):
-        if text is None:
-            row[name] = None
-            continue
-        try:
-            row[name] = load(text)
-        except _UNLOADABLE:
-            row[name] = text.decode("utf-8", "replace")
-    return row
+    def _loaded(self, columns: list[str], loaders: list[Loader], raw: tuple[bytes | None, ...]) -> dict[str, Any]:
+        """A result row by column name, its values loaded (see the module's docstring); a value
+        its loader cannot convert stays its text, as a record's does (:func:`transforms.convert.as_text`)."""
+        row: dict[str, Any] = {}
+        for name, load, text in zip(columns, loaders, raw, strict=True):
+            if text is None:
+                row[name] = None
+                continue
+            try:
+                row[name] = load(text)
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - not swallowed: the exact text, said once
+                row[name] = as_text(text, f"{self._label}: the enrichment query's column {name}", exc)
+        return row

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
+import logging
 from decimal import Decimal
 
 import psycopg
@@ -85,3 +87,39 @@ def test_a_loader_failing_unforeseen_falls_back_to_the_text_with_one_warning(cap
         assert convert_row(table, (b"2", b"def")) == {"id": "2", "v": "def"}
     warnings = [r.getMessage() for r in caplog.records if "could not be converted" in r.getMessage()]
     assert warnings == ["public.t.v: a value could not be converted (KeyError): published as its Postgres text"]
+
+
+def _failing(exc: BaseException) -> Loader:
+    def load(text: bytes) -> object:
+        raise exc
+
+    return load
+
+
+@pytest.mark.parametrize("exc", [psycopg.DataError("date out of range: 'SECRET-1'"), ValueError("SECRET-1"),
+                                 OverflowError("SECRET-1"), decimal.InvalidOperation("SECRET-1"),
+                                 RecursionError("SECRET-1"), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "SECRET-1"),
+                                 TypeError("SECRET-1")])
+def test_any_value_its_loader_cannot_convert_is_its_text_with_one_warning_per_column_and_process(
+    exc: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Foreseen or not (an infinity date's DataError, a parser's RecursionError): the text, and one
+    line per column however many rows, naming the exception's type, never the value."""
+    loaders: dict[str, Loader] = {"id": int, "v": _failing(exc), "w": _failing(exc)}
+    with caplog.at_level(logging.WARNING, "walflow.transforms.convert"):
+        rows = [convert(raw_change(new={"id": str(i).encode(), "v": b"SECRET-1", "w": b"x\xc3\xa9"}, loaders=loaders)).new
+                for i in range(3)]
+        convert(raw_change("read", new={"id": b"9", "v": b"SECRET-1", "w": b"x"}, loaders=loaders))  # a backfill's read
+    assert rows == [{"id": i, "v": "SECRET-1", "w": "x\u00e9"} for i in range(3)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"public.orders.{column}: a value could not be converted ({type(exc).__name__}): published as "
+                     "its Postgres text" for column in ("v", "w")]
+    assert not any("SECRET" in line for line in lines)  # a loader's message quotes the value
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), KeyboardInterrupt()])
+def test_what_is_not_the_values_fault_is_not_swallowed(exc: BaseException) -> None:
+    """Out of memory (a restart loses nothing: the slot is not confirmed past it), an interrupt:
+    neither becomes text."""
+    with pytest.raises(type(exc)):
+        convert(raw_change(new={"id": b"1", "v": b"x"}, loaders={"id": int, "v": _failing(exc)}))

@@ -226,3 +226,15 @@ def test_a_restart_between_lookups_is_transient(pg: Postgres, shop: Database, en
     # the old connection failed first: the lookup ran again on a new one
     assert [r.levelno for r in caplog.records if r.name == "walflow.enrichment" and r.levelno >= logging.WARNING] == [
         logging.WARNING]
+
+
+def test_a_value_its_loader_cannot_convert_is_its_text_with_one_warning(
+    shop: Database, enricher: MakeEnricher, caplog: pytest.LogCaptureFixture
+) -> None:
+    enrich = enricher("SELECT id, 'infinity'::date AS until FROM orders WHERE id = ANY($1)")
+    with caplog.at_level(logging.WARNING, "walflow.transforms.convert"):
+        assert enrich.lookup(ORDERS, [("10",)])[("10",)] == {"id": 10, "until": "infinity"}
+        enrich.lookup(ORDERS, [("10",)])
+    assert [r.getMessage() for r in caplog.records] == [
+        "sink 'orders': the enrichment query's column until: a value could not be converted (DataError): published as "
+        "its Postgres text"]
