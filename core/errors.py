@@ -31,3 +31,11 @@ class InternalError(FatalError):
 
 class TransientError(WalflowError):
     """Passes by itself: retried with backoff by the part that met it."""
+
+
+class ValueFree(Exception):
+    """Marks an exception whose text walflow wrote from the config, names, types and positions
+    alone, never from a row's values: a dead letter, a fatal line and a log line say it as it
+    is. Any other exception met by a step that sees a row's values (filters, enrichment,
+    transforms, routing) is said by its type alone, since its text may quote them
+    (``transforms/render.py``)."""

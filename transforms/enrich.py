@@ -46,7 +46,10 @@ one fails with "cached plan must not change result type", and poolers in transac
 do not keep them).
 
 **Failures**: what the query itself meets (SQL errors, the timeout, a write refused) is an
-:class:`EnrichmentError`, not retried: the same query would fail again. A lost connection
+:class:`EnrichmentError`, not retried: the same query would fail again. Its text names the
+sink, the table and the key's columns, never a key or a value (a dead letter carries it): the
+server's own message only for SQLSTATE classes that speak of the query (:data:`_QUERY_CLASSES`:
+a misspelt column, a timeout), else the condition's name (``InvalidTextRepresentation``). A lost connection
 (the server restarting, a network reset, a terminated backend; or no connection to be had)
 passes by itself: the query runs again on a new connection after capped, jittered backoff,
 as long as it takes, with one warning per outage. That blocks the sink partition, which is
@@ -59,7 +62,7 @@ import logging
 import random
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg.types.string import StrDumperUnknown
@@ -68,6 +71,7 @@ from config.schema import DatabaseConfig
 from config.shaping import Enrichment
 from connectors.postgres.connection import conninfo
 from connectors.postgres.types import Catalog
+from core.errors import ValueFree
 from core.events import Loader, Table
 from transforms.convert import as_text
 
@@ -81,9 +85,17 @@ Key = tuple[str, ...]
 _Result = tuple[list[str], list[Loader], list[tuple[bytes | None, ...]]]
 
 
-class EnrichmentError(ValueError):
+#: SQLSTATE classes whose messages speak of the query, the schema or the server, never of a
+#: value: syntax and access rules (a misspelt column), unsupported features, cardinality, a
+#: read-only transaction, a missing schema, resources and limits, a timeout. Any other
+#: class's (a data exception's ``invalid input syntax for type integer: "…"`` quotes the key
+#: it met) is shown by its SQLSTATE and condition name only.
+_QUERY_CLASSES: Final = frozenset({"0A", "21", "25", "3F", "42", "53", "54", "57"})
+
+
+class EnrichmentError(ValueFree, ValueError):
     """The enrichment query cannot enrich this batch (the message says why, and names the
-    sink); the sink's failure policy decides what happens to the batch."""
+    sink, never a row's value or key); the sink's failure policy decides what happens to the batch."""
 
 
 class _ArrayLiteral(str):
@@ -157,9 +169,8 @@ class Enricher:
                 continue
             if found[key] is not None:
                 count = sum(1 for other in rows if [other[i] for i in at] == [raw[i] for i in at])
-                shown = ", ".join(f"{name}={value}" for name, value in zip(names, key, strict=True))
-                raise EnrichmentError(f"{self._label}: the enrichment query returned {count} rows for {table.qualified} "
-                                      f"key ({shown}): it must return at most one row per key")
+                raise EnrichmentError(f"{self._label}: the enrichment query returned {count} rows for one key of "
+                                      f"{table.qualified} ({', '.join(names)}): it must return at most one row per key")
             found[key] = self._loaded(columns, loaders, raw)
 
     def _run(self, params: list[_ArrayLiteral]) -> _Result:
@@ -215,11 +226,17 @@ class Enricher:
         return self._conn.broken or self._conn.closed
 
     def _failed(self, exc: psycopg.Error) -> EnrichmentError:
-        message = exc.diag.message_primary or str(exc).strip() or type(exc).__name__
-        state = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
+        """What the query met, said without a value: the server's message where its SQLSTATE's
+        class speaks of the query (:data:`_QUERY_CLASSES`), else the condition's name."""
+        state = exc.sqlstate or ""
+        if state[:2] in _QUERY_CLASSES:
+            message = exc.diag.message_primary or type(exc).__name__
+        else:  # the text may quote a key or a value the query met
+            message = f"{type(exc).__name__} (the server's text is not shown: it may hold the row's values)"
+        detail = f" (SQLSTATE {state})" if state else ""
         if isinstance(exc, psycopg.errors.QueryCanceled):
-            state += f"; timeout_ms is {self._spec.timeout_ms}"
-        return EnrichmentError(f"{self._label}: the enrichment query failed: {message}{state}")
+            detail += f"; timeout_ms is {self._spec.timeout_ms}"
+        return EnrichmentError(f"{self._label}: the enrichment query failed: {message}{detail}")
 
     def _loaded(self, columns: list[str], loaders: list[Loader], raw: tuple[bytes | None, ...]) -> dict[str, Any]:
         """A result row by column name, its values loaded (see the module's docstring); a value

@@ -34,6 +34,7 @@ from decimal import Decimal
 from typing import Any, Final, Literal
 
 from config.shaping import PathTransform, TransformFunction
+from core.errors import ValueFree
 from core.events import Row
 from transforms.envelope import NotJSON, a_type, encode_json
 
@@ -46,7 +47,7 @@ TransformCallable = Callable[[str, Row, Row | None, dict[str, Any]], Any]
 _NO_KEY_IS_NONE: Final = (list, datetime, date, time, Decimal)
 
 
-class TransformError(ValueError):
+class TransformError(ValueFree, ValueError):
     """A transform failed for one message: its function raised, it returned a value that is not
     JSON, or its path went through a value that has no keys. The cause is chained. Its text is
     walflow's, from names and types only (never a value, nor a key of a returned value, nor

@@ -28,13 +28,17 @@ Steps 1-3 see the row as the database has it (nothing they see is published); st
 see only what is published, so a template or transform cannot put a masked value back.
 
 **Failures** in steps 2-6 for one change (a callable raising or returning the wrong kind, an
-invalid subject, a value that is not JSON, an enrichment query failing) follow the sink's
-``on_error``: ``stop`` raises a :class:`core.errors.FatalError` that names the row's position
-— the process stops, the epoch holding the change never completes, so the slot is not
-confirmed past it and a restart after the fix publishes it; ``dead_letter`` publishes, in
-its place and under its ``Nats-Msg-Id``, a message with the error, the step, the position
-and the (masked) key, never the row's values. A config key naming a column the table lacks
-is fatal whatever ``on_error`` says: no row of the table could be shaped.
+invalid subject, a value that is not JSON, an enrichment query failing, a condition's path
+into a json value too deep to look into) follow the sink's ``on_error``: ``stop`` raises a
+:class:`core.errors.FatalError` that names the row's position and (masked) key — the process
+stops, the epoch holding the change never completes, so the slot is not confirmed past it
+and a restart after the fix publishes it; ``dead_letter`` publishes, in its place and under
+its ``Nats-Msg-Id``, a message with the error, the step, the position and the (masked) key.
+Neither ever holds the row's values: the error is the exception's type alone (a callable's or
+a library's text may quote any value the step saw, masked or not), or walflow's own text where
+it wrote it from names and types only (:class:`core.errors.ValueFree`: routing, transform,
+enrichment and condition errors). A config key naming a column the table lacks is fatal
+whatever ``on_error`` says: no row of the table could be shaped.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any, Final
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
-from core.errors import FatalError
+from core.errors import FatalError, ValueFree
 from core.events import Change, Message, ReadOf, Row, Table
 from core.metrics import CounterBatch, Metrics
 from core.wire import DESCRIBE, Item, commit_time
@@ -55,7 +59,6 @@ from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
 from transforms.envelope import Envelope
-from transforms.payload import TransformError
 from transforms.record import record_and_changes
 from transforms.shape import Plan, Shaping
 
@@ -64,9 +67,9 @@ _new_message: Final = tuple.__new__
 _Pending = tuple[int, Plan, Change, Table]
 
 
-class _Worded(TypeError):
-    """A failure walflow words itself, from types only (never a value): said as it is, like a
-    :class:`~transforms.payload.TransformError`."""
+class _Worded(ValueFree, TypeError):
+    """A failure walflow words itself, from types only (never a value): said as it is, like every
+    :class:`core.errors.ValueFree` (routing, transform, enrichment and condition errors)."""
 
 
 class StepFailed(Exception):
@@ -77,8 +80,9 @@ class StepFailed(Exception):
         self.step = step
         self.reason = reason
         #: What dead letters and the stop line say: the exception's type, never its text (a step
-        #: sees the row's values, and a value, a rendered subject or a callable's message may quote one).
-        self.told = str(reason) if type(reason) in (_Worded, TransformError) else type(reason).__name__
+        #: sees the row's values, and a value or a callable's message may quote one), unless walflow
+        #: wrote that text from names and types alone (:class:`core.errors.ValueFree`).
+        self.told = str(reason) if isinstance(reason, ValueFree) else type(reason).__name__
 
 
 class Render:
@@ -196,8 +200,12 @@ class Render:
         envelope = self._envelope
         clear_key = envelope.key(change)
         metadata = _Lazy(lambda: envelope.metadata(change, change.pks, clear_key, enrichment))
-        if plan.rows is not None and not plan.rows(action, record, changes, change.old):
-            return None
+        if plan.rows is not None:
+            try:
+                if not plan.rows(action, record, changes, change.old):
+                    return None
+            except Exception as exc:  # a path into a json value too deep to look into (RowFilterError)
+                raise StepFailed("where", exc) from exc
         for name, function in plan.filters:
             try:
                 keep = function(action, record, changes, metadata())
@@ -244,15 +252,15 @@ class Render:
 
     def _failed(self, plan: Plan, change: Change, failed: StepFailed) -> Message:
         """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter."""
-        where = (f"{change.schema}.{change.table} {change.action} at commit LSN {_lsn(change.commit_lsn)} "
-                 f"(commit_idx {change.commit_idx})")
+        key, pks = self._published_key(plan, change)
         if self._sink.on_error == "stop":
             raise FatalError(
-                f"{self._label}: {failed.step} failed for {where}: {failed.told}. Nothing at or "
-                "after it is confirmed: fix it (or set on_error: dead_letter) and restart; it is published then"
+                f"{self._label}: {failed.step} failed for {change.schema}.{change.table} {change.action} at commit LSN "
+                f"{_lsn(change.commit_lsn)} (commit_idx {change.commit_idx}, record_pks {to_json(pks).decode()}): "
+                f"{failed.told}. Nothing at or after it is confirmed: fix it (or set on_error: dead_letter) and "
+                "restart; it is published then"
             ) from failed
         self._dead.counts[(f"{change.schema}.{change.table}", failed.step.split(" ")[0])] += 1
-        key, pks = self._published_key(plan, change)
         payload = to_json({
             "error": {"step": failed.step, "message": failed.told},
             "sink": self._sink.name,

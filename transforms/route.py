@@ -44,7 +44,10 @@ subject and headers of its own; a :class:`Router` renders them per message, for
 
 A message that cannot be routed raises :class:`RoutingError`: ``render`` applies the sink's
 ``on_error`` to it (stop, or its dead letter on :meth:`Router.dead_letter`, which has no row
-to fail on).
+to fail on). Its text names the template or function, the placeholder and what was wrong, by
+kind (``is a list``), never a row's value: not a subject or header rendered from the row,
+nor a key inside a JSON value, nor anything a routing function returned or raised beyond its
+type (a dead letter and the fatal line carry the text).
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ import orjson
 from config.schema import SinkConfig
 from config.shaping import RoutingFunction, SubjectRouting
 from connectors.nats.stream import tokens_cover
-from core.errors import FatalError
+from core.errors import FatalError, ValueFree
 from core.events import UNCHANGED_TOAST, Row
 from core.tokens import subject_token
+from transforms.envelope import a_type
 
 #: The subject a template writes when it writes Sequin's: such a router leaves the subject to the publisher.
 DEFAULT_SUBJECT: Final = "{prefix}.{database}.{schema}.{table}.{action}"
@@ -114,8 +118,8 @@ class _Shared(NamedTuple):
     row_headers: tuple[tuple[str, _Template, _Bound], ...]
 
 
-class RoutingError(ValueError):
-    """One message cannot be routed: names the template or function, and what was wrong."""
+class RoutingError(ValueFree, ValueError):
+    """One message cannot be routed: names the template or function, and what was wrong (no row value)."""
 
 
 @lru_cache(maxsize=65_536)
@@ -259,7 +263,8 @@ def _lookup(row: Mapping[str, Any], path: tuple[str, ...], root: str, template: 
                 column = root == "record" and not depth
                 where = "the published record has no column" if column else (
                     f"{'.'.join((root, *path[:depth]))} has no key")
-                known = f" (it has {', '.join(map(str, value)) or 'none'})" if len(value) <= 20 else ""
+                # the names of a row's columns or of metadata's keys; a JSON value's keys may be the row's data
+                known = f" (it has {', '.join(map(str, value)) or 'none'})" if not depth and len(value) <= 20 else ""
                 raise RoutingError(f"{template}: {{{'.'.join((root, *path))}}}: {where} '{step}'{known}")
             value = found
         elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
@@ -302,8 +307,8 @@ def _token(text: str) -> str:
 
 
 def _described(value: Any) -> str:
-    shown = repr(value)
-    return f"a {type(value).__name__} ({shown if len(shown) <= 60 else shown[:57] + '...'})"
+    """What ``value`` is, for an error: its type, never the value (it may be a row's)."""
+    return a_type(value)
 
 
 class Router:
@@ -390,7 +395,8 @@ class Router:
             text = template.render(bound, record, metadata)
             problem = self._rendered_problem(text, proven)
             if problem is not None:
-                raise RoutingError(f"{template.where} gave subject '{text}': {problem}")
+                raise RoutingError(f"{template.where} gave a subject (not shown: it holds the row's values) that cannot "
+                                   f"be published on: {problem}")
             subject = text.encode()
         if row_headers:
             headers = self._header_lines(row_headers, record, metadata)
@@ -428,7 +434,7 @@ class Router:
         for name, template, bound in headers:
             value = template.render(bound, record, metadata)
             if "\r" in value or "\n" in value:
-                raise RoutingError(f"{template.where} gave {value!r}: a header value cannot hold a line break")
+                raise RoutingError(f"{template.where} gave a value holding a line break, which a header cannot hold")
             lines.append(f"{name}: {value}\r\n")
         return _encoded("".join(lines), self._what)
 
@@ -438,7 +444,7 @@ class Router:
         try:
             result = function(action, record, changes, metadata())
         except Exception as exc:
-            raise RoutingError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+            raise RoutingError(f"{what} raised {type(exc).__name__}") from exc  # never its text: it may quote the row
         if not isinstance(result, Mapping) or set(result) - {"subject", "headers"}:
             wanted = "a mapping of 'subject' (a str) and, optionally, 'headers' (str -> str), nothing else"
             raise RoutingError(f"{what} returned {_described(result)}, not {wanted}")
@@ -447,7 +453,8 @@ class Router:
             raise RoutingError(f"{what} returned 'subject' {_described(subject)}, not a str")
         problem = None if subject is None else subject_problem(subject) or self._rendered_problem(subject)
         if problem is not None:
-            raise RoutingError(f"{what} returned subject '{subject}': {problem}")
+            raise RoutingError(f"{what} returned a subject (not shown: it may hold the row's values) that cannot be "
+                               f"published on: {problem}")
         headers = result.get("headers")
         if headers is None:
             headers = {}
@@ -456,15 +463,17 @@ class Router:
         lines: list[str] = []
         for name, value in headers.items():
             if type(name) is not str or not _HEADER_NAME.fullmatch(name):
-                raise RoutingError(f"{what} returned header name {name!r}: use letters, digits and -")
+                raise RoutingError(f"{what} returned a header name ({_described(name)}) that is not letters, digits "
+                                   "and -")
             if name.lower().startswith("nats-"):
-                raise RoutingError(f"{what} returned header {name}: Nats-* headers are JetStream's (walflow always "
-                                   "sets Nats-Msg-Id itself)")
+                raise RoutingError(f"{what} returned a Nats-* header: they are JetStream's (walflow always sets "
+                                   "Nats-Msg-Id itself)")
             if self._key_header is not None and name.lower() == self._key_header.lower():
                 raise RoutingError(f"{what} returned header {name}, which is the key_header: leave it to walflow")
             if type(value) is not str or "\r" in value or "\n" in value:
-                shown = _described(value) if type(value) is not str else f"{value!r}, which holds a line break"
-                raise RoutingError(f"{what} returned header {name} {shown}: a header value is a str of one line")
+                shown = _described(value) if type(value) is not str else "a str holding a line break"
+                raise RoutingError(f"{what} returned a header value that is {shown}: a header value is a str of one "
+                                   "line")
             lines.append(f"{name}: {value}\r\n")
         out = _encoded("".join(lines), what)
         if self._key_header is not None:
@@ -496,7 +505,7 @@ class Router:
         if proven:
             return None
         if self._inside and not subject.startswith(self._inside):
-            return self._outside(subject)
+            return self._outside(None)  # a rendered subject may hold the row's values: not quoted
         if not self._captured(subject):
             return self._uncaptured()
         return None
@@ -524,17 +533,20 @@ class Router:
                 "JetStream would never store it: add it to the stream's subjects (destination.stream.subjects for a "
                 "stream walflow creates), or route within them")
 
-    def _outside(self, subject: str) -> str:
-        return (f"with destination.msg_id: sequin every subject must start with '{self._inside}' ('{subject}' does "
-                "not): Sequin's ids name no sink, and the replay scan tells this sink's messages by those subjects; "
-                "route under it, or set msg_id: walflow")
+    def _outside(self, subject: str | None) -> str:
+        """Why a subject outside the database's subjects cannot be published with Sequin's ids
+        (``subject`` quoted when it is a template's, written in the config; None for a rendered one)."""
+        quoted = "" if subject is None else f" ('{subject}' does not)"
+        return (f"with destination.msg_id: sequin every subject must start with '{self._inside}'{quoted}: Sequin's ids "
+                "name no sink, and the replay scan tells this sink's messages by those subjects; route under it, or "
+                "set msg_id: walflow")
 
 
 def _encoded(text: str, what: str) -> bytes:
     try:
         return text.encode()
     except UnicodeEncodeError as exc:
-        raise RoutingError(f"{what}: a header is not UTF-8 ({exc})") from None
+        raise RoutingError(f"{what}: a header is not UTF-8 ({exc.reason})") from None
 
 
 def publishes_outside(sink: SinkConfig, database: str) -> bool:

@@ -75,12 +75,14 @@ def test_a_filter_returning_a_value_on_a_masked_table_does_not_quote_it(tmp_path
     assert json.loads(message.payload)["error"]["message"] == "returned str, not True or False"
 
 
-def test_stop_names_the_rows_position(tmp_path: Path, module: Any) -> None:
-    module("strict", "def keep(action, record, changes, metadata):\n    raise KeyError('x')\n")
+def test_stop_names_the_rows_position_and_key(tmp_path: Path, module: Any) -> None:
+    module("strict", "def keep(action, record, changes, metadata):\n    raise KeyError(record['status'])\n")
     render = _render(_sink(filter={"python": "strict:keep"}), tmp_path)
     with pytest.raises(FatalError, match=r"filter strict:keep failed for public.orders insert at commit LSN "
-                                         r"0/6B \(commit_idx 0\): KeyError\. Nothing at or after it is confirmed"):
+                                         r"0/6B \(commit_idx 0, record_pks \[\"7\"\]\): KeyError\. Nothing at or after "
+                                         r"it is confirmed") as info:
         _messages(render, change(typed_table(), 7))
+    assert "paid" not in str(info.value)
 
 
 def test_a_read_of_a_masked_key_names_it_by_a_keyed_hash() -> None:
@@ -118,7 +120,7 @@ def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, 
     render._tables[table.uid] = table
     render._plans[table.uid] = plan
     (message,) = render([[pack(broken)]])
-    assert json.loads(message.payload)["error"]["step"] == "shaping"
+    assert json.loads(message.payload)["error"] == {"step": "where", "message": "AssertionError"}
 
 
 def test_a_tables_entry_the_sink_does_not_read_warns_at_startup(caplog: pytest.LogCaptureFixture) -> None:
