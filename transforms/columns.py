@@ -19,7 +19,9 @@ text without the quotes of a JSON string, so a uuid's text is Postgres's, an int
 ``record_pks``. A numeric is written in positional digits (``0.00000001``), as Postgres
 prints it and the envelope publishes it. For other key types Postgres's text (the one
 ``record_pks`` carries) can differ from the JSON text — ``t`` and ``true`` for a boolean, a
-timestamp's space and ``+00`` — and so can their hashes.
+timestamp's space and ``+00`` — and so can their hashes. A json value held as its text (a
+:class:`core.events.JsonText`: nested too deep for Python's values) is that text, as
+Postgres printed it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from config.shaping import Columns, Mask
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, Row, Table
+from core.events import UNCHANGED_TOAST, JsonText, Row, Table
 
 #: What a ``redact`` mask publishes in place of a value.
 REDACTED: Final = "[redacted]"
@@ -54,6 +56,9 @@ def value_text(value: Any) -> str:
         return str(value)
     if kind is Decimal:
         return format(value, "f")
+    if kind is JsonText:
+        text: bytes = value.text
+        return text.decode("utf-8", "replace")
     try:
         encoded = to_json(value, fallback=str)
     except PydanticSerializationError:
@@ -61,8 +66,8 @@ def value_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
     if encoded[:1] != b'"':
         return encoded.decode()
-    text: str = orjson.loads(encoded)
-    return text
+    decoded: str = orjson.loads(encoded)
+    return decoded
 
 
 def _text_mask(mask: Mask, secret: str) -> TextMask:

@@ -15,7 +15,11 @@ change's old row.
 - The value is ``record[column]``; with ``old: true`` the row before the change: an update's
   old row (when Postgres sent it: REPLICA IDENTITY FULL, or a key-only old row when the key
   changed), a delete's row. ``path`` reaches into a JSON object by dot-separated keys; a key
-  that is missing, or a step into something that is not an object, gives NULL.
+  that is missing, or a step into something that is not an object, gives NULL. A json value
+  held as its text (:class:`core.events.JsonText`: nested deeper than Python's values are
+  held, a number beyond a double) cannot be looked into: a ``path`` on one raises
+  :class:`RowFilterError`, and the change follows the sink's ``on_error`` (NULL would be a
+  wrong answer, not an unknown one). Without a path, it compares and matches as its text.
 - **Unknown makes every operator false**: a column the row does not hold (a key-only old
   row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, ``old:`` for an
   insert or read, or for an update without an old row.
@@ -49,7 +53,7 @@ literal cast as ``parse_column_filter`` and ``ColumnFilter.from_external`` cast 
   Sequin then ignores ``field_path``, and lowercases no value found through one.
 - ``field_path`` is followed only into a column whose value is a JSON object (any other
   value is compared whole, as in Sequin); a step into something that is not an object gives
-  NULL.
+  NULL; into a json value held as its text, :class:`RowFilterError`, as above.
 - ``datetime``: an ISO 8601 text with its offset, read in UTC to the whole second (Ecto's
   ``utc_datetime``); a date value is its midnight in UTC, a naive timestamp is UTC. A value
   that is not a timestamp or date makes the filter false (Sequin raises).
@@ -81,8 +85,9 @@ from typing import Any, Final
 from uuid import UUID
 
 from config.shaping import ColumnFilter, Condition
-from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Row, Table
+from connectors.postgres.types import MAX_JSON_DEPTH
+from core.errors import FatalError, ValueFree
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, JsonText, Row, Table
 from transforms.columns import value_text
 from transforms.record import differs
 
@@ -99,6 +104,17 @@ _FAIL: Final = object()
 
 _ORDERINGS: Final[dict[str, _Compare]] = {"gt": op.gt, "gte": op.ge, "lt": op.lt, "lte": op.le}
 _COMPARISONS: Final[dict[str, _Compare]] = {"eq": op.eq, "ne": op.ne, **_ORDERINGS}
+
+
+class RowFilterError(ValueFree, ValueError):
+    """A condition cannot be decided for one change (a path into a json value held as its
+    text): the sink's ``on_error`` applies. Names the condition's key and column, never a value."""
+
+
+def _opaque(key: str, column: str) -> RowFilterError:
+    return RowFilterError(f"{key}: column {column} holds a json value nested deeper than {MAX_JSON_DEPTH} levels (or "
+                          "holding a number beyond a double, or a lone surrogate escape), which is published as its "
+                          "text and which a path cannot look into")
 
 
 class RowFilter:
@@ -154,24 +170,27 @@ def _condition(condition: Condition, table: Table, key: str) -> Check:
             row = old if action == "update" else record if action == "delete" else None
             if row is None:
                 return False
-            value = _value(row, column, keys)
+            value = _value(row, column, keys, key)
             return value is not _UNKNOWN and test(value)
 
         return before
 
     def after(action: str, record: Row, changes: Row | None, old: Row | None) -> bool:
-        value = _value(record, column, keys)
+        value = _value(record, column, keys, key)
         return value is not _UNKNOWN and test(value)
 
     return after
 
 
-def _value(row: Row, column: str, keys: tuple[str, ...]) -> Any:
+def _value(row: Row, column: str, keys: tuple[str, ...], key: str) -> Any:
+    """The value a condition tests (``key`` names it, for the error a path into a JsonText raises)."""
     value = row.get(column, _UNKNOWN)
     if value is _UNKNOWN or value is UNCHANGED_TOAST:
         return _UNKNOWN
-    for key in keys:
-        value = value.get(key) if type(value) is dict else None
+    if keys and type(value) is JsonText:
+        raise _opaque(key, column)
+    for step in keys:
+        value = value.get(step) if type(value) is dict else None
     return value
 
 
@@ -377,6 +396,8 @@ def _column_filter(spec: ColumnFilter, table: Table, key: str) -> Check:
         elif keys and type(value) is dict:
             for step in keys:
                 value = value.get(step) if type(value) is dict else None
+        elif keys and type(value) is JsonText:
+            raise _opaque(key, column)
         return test(column_value, value)
 
     return check

@@ -49,7 +49,10 @@ truncates: found in the output by :data:`_EXACT_TIMESTAMP`, which a text that lo
 same also sends the exact way; so does a time whose fraction orjson writes one digit short).
 Decimals and unchanged TOAST are written by orjson's
 ``default``, as the exact encoder rewrites them; with ``timestamp_format:
-unix_microsecond`` datetimes are too.
+unix_microsecond`` datetimes are too. A :class:`core.events.JsonText` (a json value Python's
+values cannot carry: nested too deep, a number beyond a double) is embedded as its text by
+both: orjson's ``default`` gives its ``orjson.Fragment``, and the exact encoder, which cannot
+embed JSON, writes the row around it in pieces (:func:`_embedded`).
 
 **Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
 change: walflow's by default (it names database and sink, so that sinks can share a
@@ -133,7 +136,36 @@ def _unchanged_toast(_: UnchangedToast) -> str:
 
 
 def _json(value: Any) -> bytes:
-    return to_json(value, inf_nan_mode="strings", fallback=str)
+    return to_json(value, inf_nan_mode="strings", fallback=_unknown)
+
+
+def _unknown(value: Any) -> str:
+    """The exact encoder's text of a type it does not know: its ``str``, except a JsonText, which
+    is JSON to embed, not a string: refusing it sends the value to :func:`_embedded`."""
+    if type(value) is JsonText:
+        raise TypeError("embedded JSON")
+    return str(value)
+
+
+def _embedded(value: Any, encode: Callable[[Any], bytes]) -> bytes:
+    """``value`` as ``encode`` writes it, except each JsonText in it, written as its text: the
+    exact encoder cannot embed JSON, so the dicts, lists and tuples around one are written here,
+    as it writes them (compact, keys as JSON strings), at any depth of arrays. Only for a value
+    that holds one (or that nests deeper than the encoder writes: a transform's result)."""
+    kind = type(value)
+    if kind is JsonText:
+        text: bytes = value.text
+        return text
+    parts: list[bytes] = []  # loops, not generators: one frame per level of nesting
+    if kind is dict:
+        for key, item in value.items():
+            parts.append(encode(key) + b":" + _embedded(item, encode))
+        return b"{" + b",".join(parts) + b"}"
+    if kind is list or kind is tuple:
+        for item in value:
+            parts.append(_embedded(item, encode))
+        return b"[" + b",".join(parts) + b"]"
+    return encode(value)
 
 
 def _default(value: Any) -> Any:
@@ -214,8 +246,9 @@ def _copied(value: Any) -> Any:
     return value
 
 
-#: What :func:`_plain` passes as it is, by exact type: to_json writes them as the exact encoder does.
-_PLAIN: Final = frozenset({str, int, float, bool, type(None), date, time, uuid.UUID})
+#: What :func:`_plain` passes as it is, by exact type: to_json writes them as the exact encoder does
+#: (a JsonText is embedded by :func:`_embedded`).
+_PLAIN: Final = frozenset({str, int, float, bool, type(None), date, time, uuid.UUID, JsonText})
 
 
 def _plain(value: Any, unix: bool) -> Any:
@@ -266,15 +299,24 @@ def encode_json(value: Any, unix: bool = False) -> bytes:
     (``timestamp_format: unix_microsecond``), as microseconds since the epoch, UNCHANGED_TOAST
     as the marker, NaN and the infinities as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; dicts,
     lists and tuples recursively; dates, times, UUIDs and subclasses of str, int and float (an
-    enum's members) as the exact encoder writes them. Anything else (a set, bytes, an object, a
-    dict key that is not a str, a lone surrogate) raises :class:`NotJSON`, never a str() of it:
-    a transform's value is published as its function meant it, or not at all."""
+    enum's members) as the exact encoder writes them; a JsonText (a json column too deep for
+    Python's values) as its text. Anything else (a set, bytes, an object, a dict key that is
+    not a str, a lone surrogate) raises :class:`NotJSON`, never a str() of it: a transform's
+    value is published as its function meant it, or not at all."""
     try:
-        return to_json(_plain(value, unix), inf_nan_mode="strings")
+        plain = _plain(value, unix)
+        try:
+            return to_json(plain, inf_nan_mode="strings")
+        except PydanticSerializationError:  # a JsonText, or nested deeper than to_json writes: in pieces
+            return _embedded(plain, _strict_json)
     except PydanticSerializationError as exc:  # what to_json still refuses: text it cannot write as UTF-8
         raise NotJSON("a string holding a lone surrogate (not Unicode)") from exc
     except RecursionError:
         raise NotJSON("a value nested too deep (or holding itself)") from None
+
+
+def _strict_json(value: Any) -> bytes:
+    return to_json(value, inf_nan_mode="strings")
 
 
 def derived_id(kind: str, *names: str) -> str:
@@ -492,31 +534,14 @@ class Envelope:
         return out
 
     def _exact(self, row: Row) -> bytes:
-        """``row`` by the exact encoder. A JSON document too deep to load (an ``orjson.Fragment``
-        (:class:`JsonText`, :func:`connectors.postgres.types.json_loads`), as a value or an array's
-        element, goes in as that text: a placeholder no value can hold (a random token between
-        NULs, which no Postgres text contains) is written in its place, then replaced."""
-        row = self._row(row)
-        fragments: dict[bytes, bytes] = {}
-        nonce = uuid.uuid4().hex
-
-        def placeholder(document: JsonText) -> str:
-            token = f"\x00{nonce}:{len(fragments)}\x00"
-            fragments[_json(token)] = document.text
-            return token
-
-        spliced: Row | None = None
-        for name, value in row.items():
-            kind = type(value)
-            if kind is JsonText or (kind is list and any(type(v) is JsonText for v in value)):
-                if spliced is None:
-                    spliced = dict(row)
-                spliced[name] = placeholder(value) if kind is JsonText else [
-                    placeholder(v) if type(v) is JsonText else v for v in value]
-        out = _json(row if spliced is None else spliced)
-        for token, contents in fragments.items():
-            out = out.replace(token, contents)
-        return out
+        """``row`` by the exact encoder; a row holding a JsonText (a document too deep to load,
+        :func:`connectors.postgres.types.json_loads`) as a value or an array's element at any
+        dimension, in pieces around it (:func:`_embedded`)."""
+        rewritten = self._row(row)
+        try:
+            return _json(rewritten)
+        except PydanticSerializationError:  # a JsonText (_unknown): the only value of the source's it refuses
+            return _embedded(rewritten, _json)
 
     def _value(self, value: Any) -> Any:
         convert = self._convert.get(type(value))

@@ -34,8 +34,9 @@ from decimal import Decimal
 from typing import Any, Final, Literal
 
 from config.shaping import PathTransform, TransformFunction
+from connectors.postgres.types import MAX_JSON_DEPTH
 from core.errors import ValueFree
-from core.events import Row
+from core.events import JsonText, Row
 from transforms.envelope import NotJSON, a_type, encode_json
 
 #: What a Python transform is: Sequin's ``(action, record, changes, metadata)``, any JSON value back.
@@ -60,7 +61,9 @@ def path_value(path: str, action: str, record: Row, changes: Row | None, metadat
     gives None, and so does a key looked up in a list (Sequin does not index lists) or in a
     timestamp, date, time or decimal (structs, maps without such keys, in Sequin). A key looked
     up in any other value (a string, a number, a bool, the action) raises TypeError: Sequin's
-    function has no clause for it and fails the message too."""
+    function has no clause for it and fails the message too; so does one looked up in a json
+    value held as its text (a JsonText, nested too deep for Python's values), which Sequin
+    would look into: the message follows ``on_error`` rather than publish a wrong null."""
     keys = path.split(".")
     value: Any = {"record": record, "changes": changes, "action": action, "metadata": metadata}
     for i, key in enumerate(keys):
@@ -70,6 +73,9 @@ def path_value(path: str, action: str, record: Row, changes: Row | None, metadat
                 return None
         elif isinstance(value, _NO_KEY_IS_NONE):
             return None
+        elif type(value) is JsonText:
+            raise TypeError(f"path {path}: {'.'.join(keys[:i])} is a json value nested deeper than {MAX_JSON_DEPTH} "
+                            "levels (or holding a number beyond a double), held as its text: a path cannot look into it")
         else:  # not the value: it may be a row's, and the message can end in a dead letter
             raise TypeError(f"path {path}: {'.'.join(keys[:i])} is {a_type(value)}, which has no keys "
                              "(Sequin's path function fails on it too)")
