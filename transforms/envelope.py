@@ -54,6 +54,10 @@ values cannot carry: nested too deep, a number beyond a double) is embedded as i
 both: orjson's ``default`` gives its ``orjson.Fragment``, and the exact encoder, which cannot
 embed JSON, writes the row around it in pieces (:func:`_embedded`).
 
+**Transaction annotations** are any text a database role writes: JSON (any depth, read as a
+json column is) is published as that JSON; anything else as ``null``, as Sequin publishes
+it, with one warning per process that never quotes the text.
+
 **Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
 change: walflow's by default (it names database and sink, so that sinks can share a
 stream), Sequin's ``base64("<commit_lsn>:<commit_idx>")`` with ``destination.msg_id:
@@ -73,7 +77,6 @@ unshaped ``__call__`` stays one inline pass: a sink without shaping pays nothing
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -86,8 +89,11 @@ import orjson
 from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
+from connectors.postgres.types import json_loads
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, JsonText, Message, Row, UnchangedToast
 from core.ids import IdScheme
+from core.jsontext import is_json
+from transforms.convert import warn_once
 from transforms.record import changed_values
 
 log = logging.getLogger("walflow.envelope")
@@ -205,16 +211,25 @@ def _fragment_nulls(row: Row) -> int:
     return sum(value.text.count(b"null") for value in row.values() if type(value) is JsonText)
 
 
-def _not_json(constant: str) -> None:
-    raise ValueError(f"{constant} is not JSON")  # json.loads accepts NaN and Infinity; Jason does not
+def _read_annotations(text: bytes) -> Any:
+    """A transaction's annotations as Python values, as a json column's load
+    (:func:`connectors.postgres.types.json_loads`: a JsonText where Python's values cannot
+    carry them); ValueError when the text is not one JSON text, as Sequin's Jason refuses it
+    (``NaN``, a trailing comma, not UTF-8, …). Annotations are any text a database role
+    writes, and json_loads trusts Postgres's output functions to print JSON: a JsonText is
+    embedded only once :func:`core.jsontext.is_json` said so."""
+    value = json_loads(text)
+    if type(value) is JsonText and not is_json(text):
+        raise ValueError("not JSON")
+    return value
 
 
 def _parsed_annotations(text: bytes) -> Any:
     """A transaction's annotations as Python values; None if not JSON (the payload's
     :meth:`Envelope._annotations` warns about it)."""
     try:
-        return json.loads(text, parse_constant=_not_json)
-    except (ValueError, RecursionError):
+        return _read_annotations(text)
+    except ValueError:
         return None
 
 
@@ -504,17 +519,20 @@ class Envelope:
         return cached
 
     def _annotations(self, text: bytes) -> bytes:
-        """The transaction's annotations as compact JSON (none: ``null``, decided by the caller
-        without a call per change); ``null`` if not JSON (one warning per text: Sequin too
-        publishes ``null`` and reports it)."""
+        """The transaction's annotations as compact JSON, or as their text when nested too deep
+        (none: ``null``, decided by the caller without a call per change); ``null`` if not JSON
+        (Sequin too publishes ``null`` and reports it), with one warning per process that never
+        quotes them."""
         last, rendered = self._last_annotations
         if text is not last and text != last:
-            try:  # json, not orjson: integers beyond 64 bits stay exact, as in Jason (once per transaction)
-                rendered = _json(json.loads(text, parse_constant=_not_json))
-            except (ValueError, RecursionError) as exc:  # not JSON, or nested deeper than Python reads
-                log.warning("transaction annotations of %d bytes are not JSON walflow can read (%s): published "
-                            "as null", len(text), type(exc).__name__)
+            try:  # integers beyond 64 bits stay exact, as in Jason (once per transaction)
+                value = _read_annotations(text)
+            except ValueError:
+                warn_once(log, ("annotations",), "transaction annotations that are not JSON are published as null "
+                          "(their text is not shown; this is logged once)")
                 rendered = b"null"
+            else:
+                rendered = value.text if type(value) is JsonText else _json(value)
             self._last_annotations = (text, rendered)
         return rendered
 

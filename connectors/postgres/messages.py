@@ -12,8 +12,8 @@ the flow, hold the slot back or make walflow publish what its config does not as
 - **Content is validated against a strict schema** (types, sizes, known fields) by the
   module that owns the prefix: heartbeats (:mod:`connectors.postgres.heartbeat`), backfill
   signals (:mod:`connectors.postgres.signals`, then the config's rules in
-  :mod:`connectors.postgres.backfill`), transaction annotations (their JSON is published
-  as text when it does not parse: :mod:`transforms.envelope`). A decode returns a value or
+  :mod:`connectors.postgres.backfill`), transaction annotations (JSON of any depth is
+  published as that JSON, anything else as null: :mod:`transforms.envelope`). A decode returns a value or
   a reason it is not one; it never raises.
 - **What is ignored is said**: ``walflow_ignored_messages_total{prefix,reason}`` counts
   each, and one warning per prefix and reason at most every :data:`WARN_EVERY` seconds

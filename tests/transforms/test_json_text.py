@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from core.events import JsonText, Message, RawChange, ReadOf, Row, Table
 from core.wire import DESCRIBE, pack
 from tests.pipeline import any_depth, loads_any_depth
 from tests.transforms.samples import TS, make_database, make_sink
+from transforms.convert import convert
 from transforms.envelope import Envelope, encode_json
 from transforms.render import Render
 from transforms.shape import Shaping
@@ -186,6 +188,53 @@ def test_encode_json_embeds_a_raw_json_and_writes_a_deep_value_in_pieces() -> No
     for _ in range(300):  # deeper than the exact encoder writes, built by a transform
         nested = [nested]
     assert encode_json(nested) == b"[" * 300 + b'"x"' + b"]" * 300
+
+
+# -- transaction annotations -------------------------------------------------------------------
+
+
+def annotations_of(text: bytes, caplog: pytest.LogCaptureFixture | None = None) -> tuple[bytes, Any]:
+    """What ``text`` set as annotations becomes: in the payload (its bytes there), and in a callable's metadata."""
+    step = Envelope(sink(), make_database())
+    change_ = RawChange("insert", TABLE, row(b"1"), None, False, 107, 0, TS, 9, None, text)
+    converted = convert(change_)
+    published = step(converted).payload
+    start = published.index(b'"transaction_annotations":') + len(b'"transaction_annotations":')
+    end = published.index(b',"enrichment":')
+    return published[start:end], step.metadata(converted, (), b"k")["transaction_annotations"]
+
+
+@pytest.mark.parametrize("levels", [2, MAX_JSON_DEPTH + 1, 300, 1025, 1500])
+def test_annotations_of_any_depth_are_published_as_that_json(levels: int) -> None:
+    text = deep_jsonb(levels, b'{"user": "paul"}')
+    published, seen = annotations_of(text)
+    if levels <= MAX_JSON_DEPTH:
+        assert published == json.dumps(json.loads(text), separators=(",", ":")).encode()
+    else:
+        assert published == text and seen == JsonText(text)
+
+
+@pytest.mark.parametrize("text", [
+    b"[" * 1500 + b"]" * 1499,  # deep and not JSON
+    b"[" * 1500 + b"1,]" + b"]" * 1499,
+    b"{ invalid }", b'{"a": NaN}', b"\xff\xfe", b'{"n": 12345678901234567890, "x": Infinity}', b"",
+])
+def test_annotations_that_are_not_json_are_null_with_one_warning_that_never_quotes_them(
+    text: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "walflow.envelope"):
+        assert annotations_of(text) == (b"null", None)
+        assert annotations_of(text + b" ") == (b"null", None)  # another transaction's: no second warning
+    assert [r.getMessage() for r in caplog.records] == [
+        "transaction annotations that are not JSON are published as null (their text is not shown; this is logged "
+        "once)"]
+
+
+@pytest.mark.parametrize("text", [b'{"u": "\\ud800"}', b'{"n": 1e400}', b'{"n": 123456789012345678901234567890}'])
+def test_annotations_python_would_read_inexactly_are_published_as_their_text_or_exactly(text: bytes) -> None:
+    published, _ = annotations_of(text)
+    assert published in (text, json.dumps(json.loads(text), separators=(",", ":")).encode())
+    assert published != b"null"
 
 
 def test_a_row_of_the_source_never_raises_in_the_envelope(caplog: pytest.LogCaptureFixture) -> None:
