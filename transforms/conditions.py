@@ -33,7 +33,10 @@ change's old row.
   does not read as the value's type (``ne`` included). ``eq: null`` is ``is_null: true``;
   ``ne`` on NULL holds unless the literal is null. ``in`` holds when some element is ``eq``,
   ``not_in`` when none is.
-- ``matches``: :func:`re.search` on the value's text (:func:`transforms.columns.value_text`).
+- ``matches``: an RE2 search (:func:`config.shaping.matches_pattern`, compiled once per
+  process at config load) on the value's text (:func:`transforms.columns.value_text`), as
+  UTF-8: time linear in the text whatever the pattern (Python's ``re`` backtracks
+  exponentially on ``(a+)+$``). About 2 µs per evaluation.
 - ``changed``: an update whose old row Postgres sent changed the column (it is in
   ``changes``); ``changed: false``: the old row holds the column and ``changes`` does not.
   Anything else (no old row, a key-only old row for another column) is unknown: false both ways.
@@ -84,7 +87,7 @@ from decimal import Decimal
 from typing import Any, Final
 from uuid import UUID
 
-from config.shaping import ColumnFilter, Condition
+from config.shaping import ColumnFilter, Condition, matches_pattern
 from connectors.postgres.types import MAX_JSON_DEPTH
 from core.errors import FatalError, ValueFree
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, JsonText, Row, Table
@@ -214,8 +217,9 @@ def _test(operator: str, operand: Any) -> _Test:
         null = bool(operand)
         return lambda value: (value is None) is null
     if operator == "matches":
-        search = re.compile(operand).search
-        return lambda value: value is not None and search(value if type(value) is str else value_text(value)) is not None
+        search = matches_pattern(operand).search  # bytes: RE2 finds no str offsets to map back
+        return lambda value: value is not None and search(
+            (value if type(value) is str else value_text(value)).encode("utf-8", "surrogatepass")) is not None
     if operator in ("in_", "not_in"):
         return _membership(operator == "in_", [_Literal(item) for item in operand])
     if operand is None:

@@ -207,3 +207,11 @@ def test_config_is_immutable() -> None:
     with pytest.raises(Exception, match="frozen"):
         config.databases[0].port = 1
     assert isinstance(config, Config)
+
+
+def test_a_matches_pattern_re2_cannot_read_is_refused_naming_its_key_and_the_fix() -> None:
+    text = MINIMAL + "    tables:\n      - name: public.orders\n        where:\n          - {column: status, matches: '(a+)\\1'}\n"
+    assert errors_of(text) == [
+        "sinks[0].tables[0].where[0].matches: RE2 cannot read '(a+)\\\\1' (invalid escape sequence: \\1): walflow "
+        "matches with RE2, which never backtracks, so write it without backreferences, look-arounds, possessive or "
+        "atomic groups, (?x) or (?#...); \\z for \\Z; counts up to 1000"]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from config.shaping import ColumnFilter, Condition
+from config.shaping import ColumnFilter, Condition, matches_pattern
 from core.errors import FatalError
 from core.events import UNCHANGED_TOAST, Row, Table
 from transforms.conditions import RowFilter
@@ -188,6 +190,44 @@ def test_in_and_not_in_read_each_element_as_the_value(condition: dict[str, Any],
 ])
 def test_matches_searches_the_values_text(condition: dict[str, Any], expected: bool) -> None:
     assert insert(where(condition)) is expected
+
+
+@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(a|aa)+$", r"(.*a){20}$", r"^(\w+\s?)*$"])
+def test_matches_takes_time_linear_in_the_value_whatever_the_pattern(pattern: str) -> None:
+    """Patterns Python's re takes exponential time on (30 ``a`` and a ``!``: minutes to hours), over
+    far longer values: RE2 never backtracks."""
+    check = where({"column": "status", "matches": pattern})
+    started = time.monotonic()
+    for length in (30, 1_000, 100_000):
+        assert not insert(check, {**ROW, "status": "a" * length + "!"})
+    assert time.monotonic() - started < 2
+
+
+def test_matches_compiles_its_pattern_once_per_process() -> None:
+    first, second = where({"column": "status", "matches": "^P(a|i)"}), where({"column": "status", "matches": "^P(a|i)"})
+    assert matches_pattern("^P(a|i)") is matches_pattern("^P(a|i)")
+    assert insert(first) and insert(second)
+
+
+@pytest.mark.parametrize(("pattern", "reason"), [
+    (r"(\w+)\1", "invalid escape sequence: \\1"), (r"(?=a)b", "invalid perl operator: (?="),
+    (r"(?<!a)b", "invalid perl operator: (?<"), (r"a++", "bad repetition operator: ++"), (r"x\Z", "invalid escape sequence: \\Z"),
+    (r"(?x) a # b", "invalid perl operator: (?x"), (r"a{1001}", "invalid repetition size: {1001}"), (r"[a", "missing ]"),
+])
+def test_a_pattern_re2_cannot_read_is_refused_at_config_load(pattern: str, reason: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Condition.model_validate({"column": "status", "matches": pattern})
+    (error,) = info.value.errors()
+    assert error["loc"] == ("matches",)
+    assert reason in error["msg"] and "walflow matches with RE2, which never backtracks" in error["msg"]
+
+
+def test_unicode_classes_are_written_as_re2_writes_them() -> None:
+    """RE2's ``\\d`` and ``\\w`` are ASCII (the README says so): ``\\p{Nd}`` and ``\\p{L}`` are Unicode's."""
+    arabic = {**ROW, "status": "\u0663 caf\u00e9"}
+    assert not insert(where({"column": "status", "matches": r"^\d"}), arabic)
+    assert insert(where({"column": "status", "matches": r"^\p{Nd} \p{L}+$"}), arabic)
+    assert insert(where({"column": "status", "matches": "(?i)^PAID$"}))
 
 
 # -- where: paths, unknown values ----------------------------------------------------------------
