@@ -17,8 +17,9 @@ change's old row.
   changed), a delete's row. ``path`` reaches into a JSON object by dot-separated keys; a key
   that is missing, or a step into something that is not an object, gives NULL.
 - **Unknown makes every operator false**: a column the row does not hold (a key-only old
-  row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, ``old:`` for an
-  insert or read, or for an update without an old row.
+  row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, a value too large
+  to publish (``core/sizes.py``), ``old:`` for an insert or read, or for an update without an
+  old row.
 - **The literal is read as the value's type**: numbers numerically across int, float and
   numeric (a float through its shortest text, so ``12.5`` is numeric ``12.5``, not the binary
   fraction); a timestamp with an ISO 8601 text (``Z`` is UTC; a naive side is read as UTC
@@ -82,7 +83,7 @@ from uuid import UUID
 
 from config.shaping import ColumnFilter, Condition
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Row, Table
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, OversizedValue, Row, Table
 from transforms.columns import value_text
 from transforms.record import differs
 
@@ -168,7 +169,7 @@ def _condition(condition: Condition, table: Table, key: str) -> Check:
 
 def _value(row: Row, column: str, keys: tuple[str, ...]) -> Any:
     value = row.get(column, _UNKNOWN)
-    if value is _UNKNOWN or value is UNCHANGED_TOAST:
+    if value is _UNKNOWN or value is UNCHANGED_TOAST or type(value) is OversizedValue:
         return _UNKNOWN
     for key in keys:
         value = value.get(key) if type(value) is dict else None
@@ -368,6 +369,8 @@ def _column_filter(spec: ColumnFilter, table: Table, key: str) -> Check:
         column_value = fields.get(column, _UNKNOWN)
         if column_value is _UNKNOWN:
             return False
+        if type(column_value) is OversizedValue:  # compared as the text published in its place
+            column_value = column_value.text
         value = column_value
         if type(value) is UUID:
             value = str(value)
