@@ -57,6 +57,7 @@ from pydantic_core import to_json
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError
 from core.events import Change, Message, ReadOf, Row, Table
+from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
 from core.wire import DESCRIBE, Item, commit_time
@@ -118,6 +119,8 @@ class Render:
         self._dead: CounterBatch[tuple[str, str]] = CounterBatch(
             metrics.dead_letters, lambda key: (sink.name, *key))
         self._room = room
+        #: The longest id a change (not a read) of this sink can have: its names and the largest position.
+        self._longest_id = len(IdScheme(database.name, sink.name, sink.destination.msg_id).encode(2**64 - 1, 2**63))
         self._sizes = OversizedReport("max_payload", metrics,
                                       f"its message for sink '{sink.name}' is larger than its NATS server's max_payload")
 
@@ -127,6 +130,9 @@ class Render:
         pending: list[_Pending] = []
         envelope, tables, plans = self._envelope, self._tables, self._plans
         room = self._room()
+        # a change's payload within this fits whatever its id (one check per message on the unshaped
+        # path; a read's id names its row's key, of no fixed length: reads are measured whole)
+        fits = room - self._longest_id
         for items in batches:
             for item in items:
                 head = item[0]
@@ -141,7 +147,7 @@ class Render:
                     plan = plans[head]
                     if plan is None:
                         message = envelope(change)
-                        if len(message[3]) + len(message[4]) > room:  # payload and id: no headers of its own
+                        if (len(message[3]) > fits or read is not None) and _size(message) > room:
                             message = self._fit(None, change, table, item, None, message, room)
                         out.append(message)
                     else:

@@ -190,6 +190,19 @@ def test_a_message_exactly_at_max_payload_is_published_whole() -> None:
     assert b"__walflow_oversized_value:5000" in fitted.payload
 
 
+def test_a_read_is_measured_with_its_id_which_names_its_row() -> None:
+    """A change's id is short and bounded, so its payload alone is checked first; a read's id holds
+    its row's key, of any length: a read over the limit only by its id is fitted too."""
+    table = typed_table()
+    key = "k" * 3000
+    read = _row(table, 1, b"s" * 2000)._replace(action="read", read=ReadOf("app-to-nats", "b1", key))
+    (whole,) = _messages(make_render(_sink()), read)
+    room = len(whole.payload) + len(whole.msg_id) - 1  # the id is most of the message: ~4 kB of base64
+    (fitted,) = _messages(make_render(_sink(), room=room), read)
+    assert json.loads(fitted.payload)["record"]["status"] == "__walflow_oversized_value:2000"
+    assert fitted.msg_id == whole.msg_id and _fits(fitted, room)
+
+
 def test_values_whose_json_outgrows_their_text_take_another_round() -> None:
     """A control character is one byte of text and six of JSON (\\u0001): replacing the largest
     text first leaves the message too large, so the next largest goes too."""
