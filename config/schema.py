@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
@@ -25,6 +25,7 @@ from pydantic import (
     Discriminator,
     Field,
     FilePath,
+    PrivateAttr,
     SecretStr,
     Tag,
     TypeAdapter,
@@ -564,7 +565,24 @@ class SinkConfig(Section):
 # -- walflow's own settings ---------------------------------------------------------------
 
 
-class ReplicationSettings(Section):
+#: ``walflow.max_change_mb``'s default, in bytes (see :class:`WalflowSettings`).
+DEFAULT_MAX_CHANGE: Final = 8 * 1024 * 1024
+
+
+class _ReadsChanges(Section):
+    """A section whose reader needs ``walflow.max_change_mb`` (:class:`WalflowSettings` hands it
+    down): the replication connection decodes changes, a backfill reads rows."""
+
+    _max_change: int = PrivateAttr(default=DEFAULT_MAX_CHANGE)
+
+    @property
+    def max_change_bytes(self) -> int:
+        """``walflow.max_change_mb`` in bytes: a change (or a read row) larger than this has its
+        largest values replaced by markers (``core/sizes.py``)."""
+        return self._max_change
+
+
+class ReplicationSettings(_ReadsChanges):
     """The replication connection: how it stays alive and how much it may hold."""
 
     #: Set on walflow's own connection: a hung or vanished walflow frees its slot after this
@@ -594,7 +612,7 @@ class ReplicationSettings(Section):
         return self
 
 
-class BackfillSettings(Section):
+class BackfillSettings(_ReadsChanges):
     """How backfills read tables (``shared/CONTRACT.md``, "Backfills")."""
 
     #: Tables read at the same time (each on a connection of its own); more wait their turn.
@@ -639,6 +657,11 @@ class WalflowSettings(Section):
     #: flight between workers and to NATS at once. Sequin's per-sink max_memory_mb, as one
     #: bound for the pipeline; the reader's own buffer is replication.buffer_mb on top.
     max_memory_mb: int = Field(default=128, ge=8)
+    #: The largest change published whole, measured as its WAL message (a backfill's read: the
+    #: row's texts); a larger one has its largest values replaced by a marker until it fits,
+    #: before they are copied (README, "Values too large to publish"). 8 MB: NATS advises no
+    #: larger max_payload (it warns above it), so a bigger change could not be published whole.
+    max_change_mb: float = Field(default=DEFAULT_MAX_CHANGE / (1024 * 1024), gt=0)
     replication: ReplicationSettings = ReplicationSettings()
     backfill: BackfillSettings = BackfillSettings()
     health: HealthSettings = HealthSettings()
@@ -647,6 +670,18 @@ class WalflowSettings(Section):
     #: Recovery partitions made when ``-r DIR`` does not exist yet: at least the most
     #: workers the pipeline will ever run with (Bytewax fixes the count at creation).
     recovery_partitions: int = Field(default=8, ge=1)
+
+    # The sections whose readers apply max_change_mb get it (copies: a default section is one
+    # object shared by every config). A comment, not a docstring: the reference lists those as
+    # what a section accepts.
+    @model_validator(mode="after")
+    def _hand_down_max_change(self) -> WalflowSettings:
+        limit = int(self.max_change_mb * 1024 * 1024)
+        for name in ("replication", "backfill"):
+            section: _ReadsChanges = getattr(self, name).model_copy()
+            section._max_change = limit
+            object.__setattr__(self, name, section)  # frozen: set once, while validating
+        return self
 
 
 class Config(Section):

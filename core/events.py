@@ -12,14 +12,16 @@ the envelope renders it. :class:`Message` is what an envelope produces: payload 
 plus the names a sink addresses it by.
 
 All are ``NamedTuple``: immutable, cheap to build, and dropped from the garbage
-collector's lists when they hold no containers. Markers are pickle-stable singletons, so
-``is`` keeps working after an item crossed to another process.
+collector's lists when they hold no containers. Markers are pickle-stable, so they are
+recognised after an item crossed to another process: ``UNCHANGED_TOAST`` is a singleton (``is``
+keeps working), an :class:`OversizedValue` a plain class (``type(x) is OversizedValue``).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,9 +51,53 @@ class UnchangedToast:
 UNCHANGED_TOAST: Final = UnchangedToast()
 #: How the payload shows it: Sequin's value for a TOASTed column that an update left alone.
 UNCHANGED_TOAST_MARKER: Final = "unchanged_toast"
+#: How the payload shows an :class:`OversizedValue`: this, a colon and the value's size in bytes
+#: (``"__walflow_oversized_value:52428800"``), a string in the value's place whatever its type,
+#: as Debezium writes ``"__debezium_unavailable_value"``.
+OVERSIZED_MARKER: Final = "__walflow_oversized_value"
 
-#: One column as the source sent it: its text, None for NULL, or UNCHANGED_TOAST.
-RawValue = bytes | None | UnchangedToast
+
+class OversizedValue:
+    """Stands for a column value too large to publish (``core/sizes.py`` has the policy): its
+    size in bytes as the source sent its text, and the text's CRC-32, so that two markers of one
+    value are equal (``changes`` does not report an oversized column whose value stayed the same)
+    and a marker never equals another value. It holds nothing of the value itself.
+
+    A plain class: it pickles by its module's name and its two numbers, so ``type(x) is
+    OversizedValue`` keeps working after an item crossed to another process."""
+
+    __slots__ = ("crc", "size")
+
+    def __init__(self, size: int, crc: int) -> None:
+        self.size = size
+        self.crc = crc
+
+    @classmethod
+    def of(cls, text: bytes | memoryview) -> OversizedValue:
+        """The marker of ``text`` (a view is read in place, not copied)."""
+        return cls(len(text), zlib.crc32(text))
+
+    @property
+    def text(self) -> str:
+        """What the payload writes in its place (:data:`OVERSIZED_MARKER`)."""
+        return f"{OVERSIZED_MARKER}:{self.size}"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is OversizedValue and other.size == self.size and other.crc == self.crc
+
+    def __hash__(self) -> int:
+        return hash((self.size, self.crc))
+
+    def __reduce__(self) -> tuple[type[OversizedValue], tuple[int, int]]:
+        return OversizedValue, (self.size, self.crc)
+
+    def __repr__(self) -> str:
+        return f"OversizedValue({self.size}, {self.crc:#010x})"
+
+
+#: One column as the source sent it: its text, None for NULL, UNCHANGED_TOAST, or an
+#: OversizedValue in place of a text too large to publish.
+RawValue = bytes | None | UnchangedToast | OversizedValue
 #: A row as column texts, in the order of :attr:`Table.columns`.
 RawRow = tuple[RawValue, ...]
 #: A row with converted values, by column name.

@@ -40,11 +40,13 @@ IdForm = Literal["walflow", "sequin"]
 
 def row_key(texts: Sequence[RawValue | object]) -> str:
     """A row's key columns' texts as one string: a JSON array (texts that are not UTF-8, from
-    a ``SQL_ASCII`` database, in URL-safe base64). Equal texts give equal keys in every process."""
+    a ``SQL_ASCII`` database, in URL-safe base64). Equal texts give equal keys in every process.
+    Total: a marker among them (an oversized value in a sink's ``group_column_names``; key
+    columns never lose theirs, ``core/sizes.py``) is its ``repr``, which names its size and CRC."""
     try:
         return to_json(texts).decode()
     except PydanticSerializationError:
-        return to_json(texts, bytes_mode="base64").decode()
+        return to_json(texts, bytes_mode="base64", fallback=repr).decode()
 
 
 class IdScheme:

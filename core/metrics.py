@@ -233,6 +233,15 @@ class Metrics:
             "Changes a sink could not shape, published as dead letters in their place (on_error: dead_letter), by "
             "the step that failed (filter, enrichment, transform, envelope, routing).",
             ["sink", "table", "step"], registry=r)
+        self.oversized_values = Counter(
+            "walflow_oversized_values_total",
+            "Column values replaced by the oversized marker, by the limit they broke: max_change (a change or a "
+            "read row over walflow.max_change_mb, counted once for every sink) or max_payload (a sink's message "
+            "over its NATS server's max_payload). Its table label is bounded like the others' (core/sizes.py maps "
+            "it, and a table counted as _other has its columns counted so too).",
+            ["limit", "table", "column"], registry=r)
+        #: What core/sizes.py already warned about in this process (one warning per table and column each).
+        self.oversized_warned: set[tuple[str, ...]] = set()
         self.changes_published = _TableCounter(
             "walflow_changes_published_total",
             "Messages JetStream acknowledged (stored, or dropped as a duplicate of one stored), backfill reads "

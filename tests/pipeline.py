@@ -3,8 +3,10 @@
 Public helpers: :func:`write_config` (a walflow.yaml for a test's database and NATS),
 :func:`pipeline` (the dataflow in its own process), :func:`assert_running` (a ``wait_for``
 check that fails with the pipeline's log once it exited), :func:`stored` / :class:`Stored`
-(what JetStream holds), :func:`loads_any_depth` and :func:`any_depth` (JSON as deep as Postgres holds it), :func:`run_to_exit` and :func:`fatal_line` (a pipeline that must
-stop by itself, and the one line it stops with), and ``ROOT`` (the repository).
+(what JetStream holds), :func:`loads_any_depth` and :func:`any_depth` (JSON as deep as
+Postgres holds it), :func:`scrape` and :func:`by_labels` (its ``/metrics``),
+:func:`run_to_exit` and :func:`fatal_line` (a pipeline that must stop by itself, and the one
+line it stops with), and ``ROOT`` (the repository).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ import psycopg
 import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict
 
 from embedded import wait_for
@@ -154,6 +158,27 @@ def loads_any_depth(data: bytes) -> Any:
     """``json.loads`` of JSON however deeply nested (:func:`any_depth`)."""
     with any_depth():
         return json.loads(data)
+
+
+#: Samples of one metric, by their labels (sorted pairs).
+Series = dict[tuple[tuple[str, str], ...], float]
+
+
+def scrape(port: int) -> dict[str, Series]:
+    """Every sample of the process's ``/metrics`` (health on ``port``), by sample name, then by labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=")  # Prometheus text format
+        text = reply.read().decode()
+    out: dict[str, Series] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def by_labels(series: Series, *labels: str) -> dict[tuple[str, ...], float]:
+    """``series`` keyed by the values of ``labels`` only."""
+    return {tuple(dict(key)[label] for label in labels): value for key, value in series.items()}
 
 
 def stored(url: str, stream: str) -> list[Stored]:

@@ -11,7 +11,8 @@ showing it.
 
 **Order**: include/exclude, then rename, then mask; the table's column order is kept. A row
 without some columns (a key-only old row, a TOASTed column an update did not send) yields a
-row without them. NULL and ``UNCHANGED_TOAST`` are not masked: they hold no data.
+row without them. NULL, ``UNCHANGED_TOAST`` and an oversized value's marker are not masked:
+they hold no data (the marker, a size only, is published as it is).
 
 **A value's text** is what a mask works on (:func:`value_text`): a str as it is, else its JSON
 text without the quotes of a JSON string, so a uuid's text is Postgres's, an integer's
@@ -38,7 +39,7 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from config.shaping import Columns, Mask
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, JsonText, Row, Table
+from core.events import UNCHANGED_TOAST, JsonText, OversizedValue, Row, Table
 
 #: What a ``redact`` mask publishes in place of a value.
 REDACTED: Final = "[redacted]"
@@ -172,7 +173,7 @@ class ColumnShaper:
             out = row
             for name, mask in self._masks:
                 value = row.get(name)
-                if value is not None and value is not UNCHANGED_TOAST:
+                if value is not None and value is not UNCHANGED_TOAST and type(value) is not OversizedValue:
                     if out is row:
                         out = row.copy()
                     out[name] = mask(value)
@@ -181,7 +182,8 @@ class ColumnShaper:
         for name, new, masked in self._plan:
             if name in row:
                 value = row[name]
-                shaped[new] = value if masked is None or value is None or value is UNCHANGED_TOAST else masked(value)
+                shaped[new] = (value if masked is None or value is None or value is UNCHANGED_TOAST
+                               or type(value) is OversizedValue else masked(value))
         return shaped
 
     def pks(self, pks: tuple[str, ...]) -> tuple[str, ...]:

@@ -21,8 +21,9 @@ change's old row.
   :class:`RowFilterError`, and the change follows the sink's ``on_error`` (NULL would be a
   wrong answer, not an unknown one). Without a path, it compares and matches as its text.
 - **Unknown makes every operator false**: a column the row does not hold (a key-only old
-  row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, ``old:`` for an
-  insert or read, or for an update without an old row.
+  row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, a value too large
+  to publish (``core/sizes.py``), ``old:`` for an insert or read, or for an update without an
+  old row.
 - **The literal is read as the value's type**: numbers numerically across int, float and
   numeric (a float through its shortest text, so ``12.5`` is numeric ``12.5``, not the binary
   fraction); a timestamp with an ISO 8601 text (``Z`` is UTC; a naive side is read as UTC
@@ -90,7 +91,7 @@ from uuid import UUID
 from config.shaping import ColumnFilter, Condition, matches_pattern
 from connectors.postgres.types import MAX_JSON_DEPTH
 from core.errors import FatalError, ValueFree
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, JsonText, Row, Table
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, JsonText, OversizedValue, Row, Table
 from transforms.columns import value_text
 from transforms.record import differs
 
@@ -188,7 +189,7 @@ def _condition(condition: Condition, table: Table, key: str) -> Check:
 def _value(row: Row, column: str, keys: tuple[str, ...], key: str) -> Any:
     """The value a condition tests (``key`` names it, for the error a path into a JsonText raises)."""
     value = row.get(column, _UNKNOWN)
-    if value is _UNKNOWN or value is UNCHANGED_TOAST:
+    if value is _UNKNOWN or value is UNCHANGED_TOAST or type(value) is OversizedValue:
         return _UNKNOWN
     if keys and type(value) is JsonText:
         raise _opaque(key, column)
@@ -391,6 +392,8 @@ def _column_filter(spec: ColumnFilter, table: Table, key: str) -> Check:
         column_value = fields.get(column, _UNKNOWN)
         if column_value is _UNKNOWN:
             return False
+        if type(column_value) is OversizedValue:  # compared as the text published in its place
+            column_value = column_value.text
         value = column_value
         if type(value) is UUID:
             value = str(value)

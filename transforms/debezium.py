@@ -18,7 +18,9 @@ IDENTITY DEFAULT its key columns, the others null); ``after`` is the new row of 
 update or read, null for a delete. Render passes both shaped (columns renamed, masked, the
 TOAST policy applied); they are encoded here only. An unchanged TOAST value a row still
 holds is Debezium's placeholder ``"__debezium_unavailable_value"`` (its default
-``unavailable.value.placeholder``, as a string for every type).
+``unavailable.value.placeholder``, as a string for every type); a value too large to publish
+is walflow's marker, ``"__walflow_oversized_value:<bytes>"`` (``core/sizes.py``; Debezium has
+no such marker).
 
 **Values follow walflow's Sequin encoding** (:meth:`transforms.envelope.Envelope.encode_row`,
 ``timestamp_format`` included), not Debezium's logical types: numeric as a decimal string

@@ -33,6 +33,8 @@ hold one type), defines the bytes:
   types) always writes six digits (``…05.000000Z``).
 - **numeric** → positional digits (``0.00000001``, never ``1E-8``), as Jason writes decimals.
 - **unchanged TOAST** → as above.
+- **a value too large to publish** (:class:`core.events.OversizedValue`, ``core/sizes.py``) →
+  ``"__walflow_oversized_value:<its size in bytes>"``, whatever the column's type.
 - **timestamps** with ``timestamp_format: unix_microsecond`` → integer microseconds since
   the Unix epoch, in ``record`` and ``changes`` only (``commit_timestamp`` stays ISO, as in
   Sequin); a timestamp without time zone is read as UTC.
@@ -47,7 +49,7 @@ it raises), a non-finite float (orjson writes ``null``: a row whose output holds
 other than UTC (orjson drops the fraction or rounds a seconds offset where pydantic-core
 truncates: found in the output by :data:`_EXACT_TIMESTAMP`, which a text that looks the
 same also sends the exact way; so does a time whose fraction orjson writes one digit short).
-Decimals and unchanged TOAST are written by orjson's
+Decimals, unchanged TOAST and oversized values are written by orjson's
 ``default``, as the exact encoder rewrites them; with ``timestamp_format:
 unix_microsecond`` datetimes are too. A :class:`core.events.JsonText` (a json value Python's
 values cannot carry: nested too deep, a number beyond a double) is embedded as its text by
@@ -90,7 +92,16 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from connectors.postgres.types import json_loads
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, JsonText, Message, Row, UnchangedToast
+from core.events import (
+    UNCHANGED_TOAST,
+    UNCHANGED_TOAST_MARKER,
+    Change,
+    JsonText,
+    Message,
+    OversizedValue,
+    Row,
+    UnchangedToast,
+)
 from core.ids import IdScheme
 from core.jsontext import is_json
 from transforms.convert import warn_once
@@ -141,6 +152,10 @@ def _unchanged_toast(_: UnchangedToast) -> str:
     return UNCHANGED_TOAST_MARKER
 
 
+def _oversized(value: OversizedValue) -> str:
+    return value.text
+
+
 def _json(value: Any) -> bytes:
     return to_json(value, inf_nan_mode="strings", fallback=_unknown)
 
@@ -185,6 +200,8 @@ def _default(value: Any) -> Any:
         return UNCHANGED_TOAST_MARKER
     if kind is JsonText:  # a document too deep to load: its text, as it is
         return orjson.Fragment(value.text)
+    if kind is OversizedValue:
+        return value.text
     raise TypeError(kind)
 
 
@@ -296,6 +313,8 @@ def _plain(value: Any, unix: bool) -> Any:
         return unix_microseconds(value) if unix else iso_usec(value)
     if kind is UnchangedToast:
         return UNCHANGED_TOAST_MARKER
+    if kind is OversizedValue:
+        return value.text
     # subclasses: an enum's members, an OrderedDict, a named tuple, a datetime of another library
     if isinstance(value, datetime):
         return unix_microseconds(value) if unix else iso_usec(value)
@@ -312,12 +331,12 @@ def encode_json(value: Any, unix: bool = False) -> bytes:
     """Any JSON value (a transform's result, an enrichment row) as the exact encoder writes a
     column's: decimals positional, datetimes with six fractional digits or, with ``unix``
     (``timestamp_format: unix_microsecond``), as microseconds since the epoch, UNCHANGED_TOAST
-    as the marker, NaN and the infinities as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; dicts,
-    lists and tuples recursively; dates, times, UUIDs and subclasses of str, int and float (an
-    enum's members) as the exact encoder writes them; a JsonText (a json column too deep for
-    Python's values) as its text. Anything else (a set, bytes, an object, a dict key that is
-    not a str, a lone surrogate) raises :class:`NotJSON`, never a str() of it: a transform's
-    value is published as its function meant it, or not at all."""
+    as the marker, an OversizedValue as its marker, NaN and the infinities as ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``; dicts, lists and tuples recursively; dates, times, UUIDs
+    and subclasses of str, int and float (an enum's members) as the exact encoder writes them;
+    a JsonText (a json column too deep for Python's values) as its text. Anything else (a set,
+    bytes, an object, a dict key that is not a str, a lone surrogate) raises :class:`NotJSON`,
+    never a str() of it: a transform's value is published as its function meant it, or not at all."""
     try:
         plain = _plain(value, unix)
         try:
@@ -363,6 +382,7 @@ class Envelope:
         unix = sink.timestamp_format == "unix_microsecond"
         self._convert: dict[type, Callable[[Any], Any]] = {
             UnchangedToast: _unchanged_toast,
+            OversizedValue: _oversized,
             Decimal: _positional,
             datetime: unix_microseconds if unix else iso_usec,
             list: self._list,

@@ -39,6 +39,14 @@ a library's text may quote any value the step saw, masked or not), or walflow's 
 it wrote it from names and types only (:class:`core.errors.ValueFree`: routing, transform,
 enrichment and condition errors). A config key naming a column the table lacks is fatal
 whatever ``on_error`` says: no row of the table could be shaped.
+
+**Size** (``core/sizes.py``): a message larger than its NATS server takes (payload, id and
+headers as the publisher counts them, against ``max_payload``) is rendered again from the
+change's texts with its largest values replaced by markers, until it fits; filters are not
+asked again (the row passed them as it is). One that cannot fit even then (thousands of
+columns, a large enrichment or transform) becomes its dead letter, whatever ``on_error`` says:
+no value a database user writes may stop the pipeline. The publisher still refuses a message
+over ``max_payload`` (one that came past this, after the server's limit fell, say).
 """
 
 from __future__ import annotations
@@ -53,7 +61,9 @@ from pydantic_core import to_json
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError, ValueFree
 from core.events import Change, Message, ReadOf, Row, Table
+from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
+from core.sizes import OversizedReport, largest, replaced
 from core.wire import DESCRIBE, Item, commit_time
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
@@ -63,8 +73,11 @@ from transforms.record import record_and_changes
 from transforms.shape import Plan, Shaping
 
 _new_message: Final = tuple.__new__
-#: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table version.
-_Pending = tuple[int, Plan, Change, Table]
+#: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table
+#: version, and the item it came as (its texts, should its message not fit).
+_Pending = tuple[int, Plan, Change, Table, Item]
+#: The step a dead letter names when its message could not fit (never stops: see the module docstring).
+SIZE_STEP: Final = "size"
 
 
 class _Worded(ValueFree, TypeError):
@@ -88,8 +101,11 @@ class StepFailed(Exception):
 class Render:
     """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
 
-    def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping | None = None,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping, metrics: Metrics | None,
+                 room: Callable[[], int]) -> None:
+        """``room()``: what a message's payload, id and own header lines may take together on the
+        sink's server now (its ``max_payload`` less the header block's fixed bytes:
+        :func:`connectors.nats.publisher.payload_room`)."""
         self._sink = sink
         self._database = database
         self._envelope = Envelope(sink, database)
@@ -106,12 +122,21 @@ class Render:
             metrics.changes_filtered, lambda key: (sink.name, *key))
         self._dead: CounterBatch[tuple[str, str]] = CounterBatch(
             metrics.dead_letters, lambda key: (sink.name, *key))
+        self._room = room
+        #: The longest id a change (not a read) of this sink can have: its names and the largest position.
+        self._longest_id = len(IdScheme(database.name, sink.name, sink.destination.msg_id).encode(2**64 - 1, 2**63))
+        self._sizes = OversizedReport("max_payload", metrics,
+                                      f"its message for sink '{sink.name}' is larger than its NATS server's max_payload")
 
     def __call__(self, batches: list[list[Item]]) -> list[Message]:
         """The messages of ``batches`` (each a dispatch step's list for this partition), in order."""
         out: list[Message | None] = []
         pending: list[_Pending] = []
         envelope, tables, plans = self._envelope, self._tables, self._plans
+        room = self._room()
+        # a change's payload within this fits whatever its id (one check per message on the unshaped
+        # path; a read's id names its row's key, of no fixed length: reads are measured whole)
+        fits = room - self._longest_id
         for items in batches:
             for item in items:
                 head = item[0]
@@ -125,50 +150,106 @@ class Render:
                                             None if read is None else ReadOf(*read), annotations)
                     plan = plans[head]
                     if plan is None:
-                        out.append(envelope(change))
+                        message = envelope(change)
+                        if (len(message[3]) > fits or read is not None) and _size(message) > room:
+                            message = self._fit(None, change, table, item, None, message, room)
+                        out.append(message)
                     else:
-                        pending.append((len(out), plan, change, table))
+                        pending.append((len(out), plan, change, table, item))
                         out.append(None)
                 elif head == DESCRIBE:
                     described: Table = item[1]  # type: ignore[assignment]
                     tables[described.uid] = described
-                    plans[described.uid] = None if self._shaping is None else self._shaping.plan(described)
+                    plans[described.uid] = self._shaping.plan(described)
                 else:
                     tables.pop(item[1], None)  # type: ignore[arg-type]
                     plans.pop(item[1], None)  # type: ignore[arg-type]
         if not pending:
+            self._dead.flush()
             return out  # type: ignore[return-value]  # no None among them
-        self._shape(pending, out)
+        self._shape(pending, out, room)
         self._filtered.flush()
         self._dead.flush()
         return [message for message in out if message is not None]
 
     # -- the shaped path -----------------------------------------------------------------------
 
-    def _shape(self, pending: list[_Pending], out: list[Message | None]) -> None:
+    def _shape(self, pending: list[_Pending], out: list[Message | None], room: int) -> None:
         """Fill ``out``'s places of ``pending`` with their messages (None: filtered out)."""
-        views = [record_and_changes(change, plan.toast) for _, plan, change, _ in pending]
+        views = [record_and_changes(change, plan.toast) for _, plan, change, _, _ in pending]
         enrichments = self._enrich(pending)
-        for (place, plan, change, _), (record, changes), enrichment in zip(pending, views, enrichments, strict=True):
-            try:
-                if isinstance(enrichment, StepFailed):
-                    raise enrichment
-                try:
-                    out[place] = self._message(plan, change, record, changes, enrichment)
-                except (StepFailed, FatalError):
-                    raise
-                except Exception as exc:  # not swallowed: the policy applies, with the row's position
-                    raise StepFailed("shaping", exc) from exc
-            except StepFailed as failed:
-                out[place] = self._failed(plan, change, failed)
-            if out[place] is None:
+        for (place, plan, change, table, item), (record, changes), enrichment in zip(pending, views, enrichments,
+                                                                                     strict=True):
+            out[place] = message = self._shaped(plan, change, record, changes, enrichment)
+            if message is None:
                 self._filtered.counts[(f"{change.schema}.{change.table}", change.action)] += 1
+            elif _size(message) > room:
+                out[place] = self._fit(plan, change, table, item, enrichment, message, room)
+
+    def _shaped(self, plan: Plan, change: Change, record: Row, changes: Row | None, enrichment: Any,
+                filtered: bool = False) -> Message | None:
+        """One planned change's message, or None when a filter drops it; its ``on_error`` when a step
+        fails. ``filtered``: the row passed the filters already (its message did not fit)."""
+        try:
+            if isinstance(enrichment, StepFailed):
+                raise enrichment
+            try:
+                return self._message(plan, change, record, changes, enrichment, filtered)
+            except (StepFailed, FatalError):
+                raise
+            except Exception as exc:  # not swallowed: the policy applies, with the row's position
+                raise StepFailed("shaping", exc) from exc
+        except StepFailed as failed:
+            return self._failed(plan, change, failed)
+
+    def _fit(self, plan: Plan | None, change: Change, table: Table, item: Item, enrichment: Any, message: Message,
+             room: int) -> Message:
+        """``message``, too large for its server, rendered again from ``item``'s texts with its largest
+        values replaced by markers (:mod:`core.sizes`, key columns kept) until it fits in ``room``;
+        its dead letter if it cannot. Each round replaces values adding up to what is still over
+        (a value's JSON may be larger than its text: another round then)."""
+        _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item  # type: ignore[misc]
+        rows: tuple[Any, Any] = (old, new)
+        size, lost = _size(message), [set[int](), set[int]()]
+        places: list[tuple[int, int, int]] = []
+        while size > room:
+            more, _ = largest(rows, table.key_positions, size - room)
+            if not more:
+                return self._unfit(plan, change, table, size, room)
+            places += more
+            for r, c, _ in more:
+                lost[r].add(c)
+            rows = (None if old is None else replaced(old, lost[0]), None if new is None else replaced(new, lost[1]))
+            fitted = convert_fields(action, table, rows[1], rows[0], old_is_key, lsn, idx, commit_time(micros), xid,
+                                    None if read is None else ReadOf(*read), annotations)
+            if plan is None:
+                message = self._envelope(fitted)
+            else:
+                again = self._shaped(plan, fitted, *record_and_changes(fitted, plan.toast), enrichment, filtered=True)
+                assert again is not None  # no filter asked again
+                message = again
+            size = _size(message)
+        where = f"the {action} at commit LSN {_lsn(lsn)} (commit_idx {idx})"
+        for _, c, length in places:
+            self._sizes(table.qualified, table.columns[c], length, where)
+        return message
+
+    def _unfit(self, plan: Plan | None, change: Change, table: Table, size: int, room: int) -> Message:
+        """The dead letter of a message that does not fit with every value but its key's replaced."""
+        self._sizes.once((table.qualified, ""), "%s: the %s at commit LSN %s (commit_idx %d) does not fit in sink "
+                         "'%s''s max_payload even with every value but its key's replaced: published as a dead "
+                         "letter (walflow_dead_letters_total{step=\"size\"}); later ones of this table are not "
+                         "logged", table.qualified, change.action, _lsn(change.commit_lsn), change.commit_idx,
+                         self._sink.name)
+        return self._failed(plan, change, StepFailed(SIZE_STEP, _Worded(
+            f"the message is {size} bytes of payload, id and headers with every value but its key's replaced by a "
+            f"marker; its NATS server takes {room}")))
 
     def _enrich(self, pending: list[_Pending]) -> list[Any]:
         """Each pending change's enrichment (None without one; a :class:`StepFailed` when its
         query failed): one lookup per table version and query for the whole batch."""
         wanted: dict[tuple[int, int], tuple[Plan, Table, list[tuple[str, ...]]]] = {}
-        for _, plan, change, table in pending:
+        for _, plan, change, table, _ in pending:
             if plan.enrichment is not None:
                 wanted.setdefault((id(plan.enrichment), table.uid), (plan, table, []))[2].append(change.pks)
         if not wanted:
@@ -185,7 +266,7 @@ class Render:
             except Exception as exc:  # noqa: BLE001 (not swallowed: each of its changes follows on_error)
                 found[place] = StepFailed("enrichment", exc)
         results: list[Any] = []
-        for _, plan, change, table in pending:
+        for _, plan, change, table, _ in pending:
             if plan.enrichment is None:
                 results.append(None)
                 continue
@@ -194,19 +275,21 @@ class Render:
         return results
 
     def _message(self, plan: Plan, change: Change, record: Row, changes: Row | None,
-                 enrichment: Any) -> Message | None:
-        """One planned change's message, or None when a filter drops it; StepFailed when a step fails."""
+                 enrichment: Any, filtered: bool = False) -> Message | None:
+        """One planned change's message, or None when a filter drops it; StepFailed when a step fails.
+        ``filtered``: the filters passed it already."""
         action = change.action
         envelope = self._envelope
         clear_key = envelope.key(change)
         metadata = _Lazy(lambda: envelope.metadata(change, change.pks, clear_key, enrichment))
-        if plan.rows is not None:
+        rows, filters = (None, ()) if filtered else (plan.rows, plan.filters)
+        if rows is not None:
             try:
-                if not plan.rows(action, record, changes, change.old):
+                if not rows(action, record, changes, change.old):
                     return None
             except Exception as exc:  # a path into a json value too deep to look into (RowFilterError)
                 raise StepFailed("where", exc) from exc
-        for name, function in plan.filters:
+        for name, function in filters:
             try:
                 keep = function(action, record, changes, metadata())
             except Exception as exc:
@@ -250,10 +333,11 @@ class Render:
                                       0.0 if change.read is not None else change.commit_ts.timestamp(),
                                       subject, headers))
 
-    def _failed(self, plan: Plan, change: Change, failed: StepFailed) -> Message:
-        """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter."""
+    def _failed(self, plan: Plan | None, change: Change, failed: StepFailed) -> Message:
+        """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter; always its dead
+        letter for a message too large (``plan`` None: an unshaped table's)."""
         key, pks = self._published_key(plan, change)
-        if self._sink.on_error == "stop":
+        if self._sink.on_error == "stop" and failed.step != SIZE_STEP:
             raise FatalError(
                 f"{self._label}: {failed.step} failed for {change.schema}.{change.table} {change.action} at commit LSN "
                 f"{_lsn(change.commit_lsn)} (commit_idx {change.commit_idx}, record_pks {to_json(pks).decode()}): "
@@ -271,20 +355,21 @@ class Render:
                 "idempotency_key": key.decode("ascii"), "record_pks": list(pks),
             },
         })
-        subject = plan.router.dead_letter(change.action, change.schema, change.table)
+        router = self._shaping.dead_letters if plan is None else plan.router
+        subject = router.dead_letter(change.action, change.schema, change.table)
         return _new_message(Message, (change.schema, change.table, change.action, payload, key.decode("ascii"),
                                       0.0, subject, b""))
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _published_key(self, plan: Plan, change: Change) -> tuple[bytes, tuple[str, ...]]:
+    def _published_key(self, plan: Plan | None, change: Change) -> tuple[bytes, tuple[str, ...]]:
         """``change``'s idempotency key and ``record_pks`` as published: with a masked key column,
         the texts masked and a backfill read's row key (which its id names) hidden by a keyed hash."""
-        columns = plan.columns
+        columns = None if plan is None else plan.columns
         if columns is None or not columns.masks_key:
             return self._envelope.key(change), change.pks
         key = self._envelope.key(change)
-        if change.read is not None and plan.id_secret is not None:
+        if change.read is not None and plan is not None and plan.id_secret is not None:
             hidden = hmac.new(plan.id_secret, change.read.row_key.encode(), hashlib.sha256).hexdigest()
             key = self._envelope.read_key(change.read.backfill, hidden)
         return key, columns.pks(change.pks)
@@ -313,6 +398,12 @@ class _Lazy:
         if self._value is None:
             self._value = self._make()
         return self._value
+
+
+def _size(message: Message) -> int:
+    """What ``message`` takes of its server's ``max_payload`` beyond the header block's fixed bytes:
+    payload, id (ASCII) and its own header lines, as the publisher counts them."""
+    return len(message[3]) + len(message[4]) + (len(message[7]) if len(message) > 6 else 0)
 
 
 def _lsn(lsn: int) -> str:

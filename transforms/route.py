@@ -358,7 +358,9 @@ class Router:
         self._row_headers = any(template.per_row for _, template in self._headers)
         #: (schema, table, action) -> what its messages share (:meth:`_once`).
         self._shared: dict[tuple[str, str, str], _Shared] = {}
-        # checked only where it is used: an unused key must not keep the sink from starting
+        # checked at startup only where every failed step uses it: an unused key must not keep the
+        # sink from starting (under on_error: stop only a message too large for the server, which
+        # fits no other way, uses it: :meth:`dead_letter` checks it then)
         self._dead = (self._compiled(sink.dead_letter_subject, dead_letter_key, rows=False)
                       if sink.on_error == "dead_letter" else _Template(sink.dead_letter_subject, True, dead_letter_key,
                                                                        rows=False))
@@ -552,10 +554,11 @@ def _encoded(text: str, what: str) -> bytes:
 def publishes_outside(sink: SinkConfig, database: str) -> bool:
     """Whether ``sink`` (of ``database``) may publish outside ``<prefix>.<database>.>``, where its
     replay scan reads otherwise: a routing function may, and so may a template (the sink's, a
-    table's, the dead letter's with ``on_error: dead_letter``) that does not start there."""
+    table's, the dead letter's: a message too large is one whatever ``on_error`` says) that does
+    not start there."""
     inside = f"{sink.destination.subject_prefix}.{subject_token(database)}."
     names = (sink.destination.subject_prefix, subject_token(database), "", "", "", subject_token(sink.name))
-    templates: list[str] = [sink.dead_letter_subject] if sink.on_error == "dead_letter" else []
+    templates: list[str] = [sink.dead_letter_subject]
     for routing in (sink.routing, *(table.routing for table in sink.tables)):
         if isinstance(routing, RoutingFunction):
             return True

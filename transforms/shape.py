@@ -91,6 +91,10 @@ class Shaping:
             self._load(table.filter, f"{self._path}.tables[{i}].filter")
             self._load(table.routing, f"{self._path}.tables[{i}].routing")
         self._load(sink.routing, f"{self._path}.routing")
+        #: Where an unshaped table's dead letters go (a message too large for the server is one,
+        #: whatever ``on_error`` says: ``transforms/render.py``).
+        self.dead_letters = Router(None, None, sink, database.name, stream_subjects,
+                                   dead_letter_key=f"{self._path}.dead_letter_subject")
         #: Whether any table of this sink may need a plan: without, every message is unshaped.
         self.active = bool(
             self._filter or self._transform or _given(sink.routing) or _given(sink.enrichment) or sink.filters

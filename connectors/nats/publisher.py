@@ -18,7 +18,10 @@ the failed ones in their original order, with backoff, until JetStream takes the
 ``Nats-Msg-Id`` makes a message that was stored after all (its ack lost) a duplicate that
 JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too large, a
 bad header) stops the flow with :class:`PermanentPublishError`, a fatal error. This is the
-one place that decides which JetStream errors are retried.
+one place that decides which JetStream errors are retried. A message over the server's
+``max_payload`` is refused here before it is sent (the server would drop the connection), but
+none should come: render fits every message to it first (``core/sizes.py``), so this is the
+invariant behind that policy, not a policy of its own.
 
 Messages are addressed here: a routed message carries its subject and extra headers
 (:class:`transforms.route.Router`, which validated them); every other one is published on
@@ -130,6 +133,13 @@ _HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n
 _HPUB_HEADERS: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
 #: The header block's size without the id (nor a routed message's own lines).
 _HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+
+
+def payload_room(max_payload: int) -> int:
+    """What a message's payload, ``Nats-Msg-Id`` and own header lines may take together on a
+    server with ``max_payload``, as :meth:`AckPublisher._commands` counts them: where render
+    re-renders a message too large (``transforms/render.py``) before it gets here."""
+    return max_payload - _HEADERS_SIZE
 
 
 class AckPublisher:

@@ -46,7 +46,7 @@ from nats.js.kv import KeyValue
 from config.schema import SinkConfig
 from connectors.nats.connection import connect, permission_error
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher
+from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.replay import already_published, horizon, ids_since
 from connectors.nats.stream import SinkStream, ensure_stream, stream_for
 from core.errors import FatalError
@@ -77,6 +77,9 @@ class SinkState(TypedDict):
 
 #: Turns what a partition receives into the messages it publishes (``transforms/render.py``).
 Render = Callable[[list[Any]], list[Message]]
+#: Makes a partition's :data:`Render`, given what a message may take of its server's ``max_payload``
+#: (:func:`connectors.nats.publisher.payload_room`, read when each batch is rendered).
+RenderFactory = Callable[[Callable[[], int]], Render]
 
 
 class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
@@ -121,7 +124,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         runtime: Runtime,
         slot: str = "",
         peers: Sequence[SinkConfig] = (),
-        render: Callable[[], Render] | None = None,
+        render: RenderFactory | None = None,
         publishes: bool = True,
     ) -> None:
         """``database``: the configured name of the database the changes come from;
@@ -129,7 +132,8 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         ``runtime``: the process's, whose loop the NATS connection lives on;
         ``peers``: the config's sinks, of every database (this one may be among them),
         which a sink with ``msg_id: sequin`` must not share its stream with;
-        ``render``: makes each partition's item → message step (it holds per-partition state);
+        ``render``: makes each partition's item → message step (it holds per-partition state), given
+        what a message may take of the server's ``max_payload``;
         ``publishes``: whether this process takes any of the sink's partitions
         (``dataflows/engine.py``: in a cluster, the processes that read slots may leave
         publishing to the others; the sink still connects, for its replay horizon)."""
@@ -298,4 +302,5 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
             self.runtime.run(publisher.start())
             if resume_state:
                 publisher.last_seq = resume_state["last_seq"]
-            return JetStreamPartition(publisher, for_part, self.runtime, None if self.render is None else self.render())
+            render = None if self.render is None else self.render(lambda: payload_room(nc.max_payload))
+            return JetStreamPartition(publisher, for_part, self.runtime, render)

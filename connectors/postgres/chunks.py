@@ -20,6 +20,13 @@ a chunk's window, so a read could overwrite a newer change.
 **Chunk size** adapts so that one ``SELECT`` takes about ``query_budget_ms``, halving after
 a statement that ran past the statement timeout, and never holds more than
 ``max_chunk_rows`` rows or ``max_chunk_mb`` of estimated memory.
+
+**Size** (``core/sizes.py``): a row whose texts add up to more than ``walflow.max_change_mb``
+has its largest values replaced by markers until it fits, as a change's would be; its key and
+ordering columns never (the chunk's keys and where the next one starts are made of them). The
+``SELECT`` has already brought such a value into memory by then, once in libpq's result and
+once as its text, until the chunk is read: a backfill's reader holds up to twice the largest
+value on top of its chunk, where the replication stream holds none of it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final
 
 import psycopg
@@ -41,9 +49,8 @@ from connectors.postgres.types import Catalog
 from core.errors import WalflowError
 from core.events import RawRow, Table
 from core.ids import row_key
+from core.sizes import OversizedReport, largest, replaced
 
-#: Rows of a chunk whose size is measured for its memory estimate.
-_SAMPLE: Final = 64
 _TABLE_QUERY: Final = """
 SELECT c.oid, c.relreplident, c.relkind, greatest(c.reltuples, 0)::bigint,
        pg_table_size(c.oid) / greatest(c.reltuples, 1)::bigint
@@ -134,7 +141,7 @@ class Chunk:
     #: Per row, its key as :func:`core.ids.row_key` of the key columns' texts.
     keys: list[str]
     #: A row's estimated memory until acknowledged (:func:`~connectors.postgres.decoder.change_memory`
-    #: of the chunk's average row, from a sample: one per row cost as much as reading the row).
+    #: of the chunk's average row).
     row_memory: int
     #: Where the next chunk starts (the last row's pagination texts); None if no rows.
     end: Cursor | None
@@ -204,6 +211,8 @@ class TableReader:
             )
         self._key_at = [positions[k] for k in self.key_columns]
         self._order_at = [positions[c] for c in order]
+        self._report = OversizedReport("max_change", None, "its row is larger than walflow.max_change_mb "
+                                       f"({settings.max_change_bytes} bytes)")
         relation_sql = sql.SQL("{}{}.{}").format(
             sql.SQL("" if relkind == "p" else "ONLY "), sql.Identifier(schema), sql.Identifier(name)
         )
@@ -248,14 +257,33 @@ class TableReader:
             columns = range(nfields)
             rows: list[RawRow] = [tuple([get(r, c) for c in columns]) for r in range(ntuples)]
         key_at, width = self._key_at, len(self.table.columns)
+        # every text of the chunk (None aside): the memory estimate's, and a bound on any row's
+        text_bytes = sum(map(len, filter(None, chain.from_iterable(rows))))  # type: ignore[arg-type]  # texts
+        if text_bytes > self._settings.max_change_bytes:  # a row may be over it: look at each
+            sizes = [sum(map(len, filter(None, row))) for row in rows]  # type: ignore[arg-type]
+            if max(sizes) > self._settings.max_change_bytes:
+                self._fit(rows, sizes)
+            text_bytes = sum(sizes)
         keys = [row_key([row[i] for i in key_at]) for row in rows]
-        sample = rows[:: max(1, len(rows) // _SAMPLE)]
-        text_bytes = sum([len(v) for row in sample for v in row if type(v) is bytes]) // max(1, len(sample))
+        text_bytes //= max(1, len(rows))
         end: Cursor | None = None
         if rows:
             end = [None if (v := rows[-1][i]) is None else bytes(v).decode("utf-8", "surrogateescape")  # type: ignore[arg-type]
                    for i in self._order_at]
         return Chunk(self.table, rows, keys, change_memory(text_bytes, width), end)
+
+    def _fit(self, rows: list[RawRow], sizes: list[int]) -> None:
+        """Each row over ``walflow.max_change_mb`` with its largest values replaced (in place, with
+        its size), its key and ordering columns kept (:mod:`core.sizes`)."""
+        limit, columns = self._settings.max_change_bytes, self.table.columns
+        kept = {*self._key_at, *self._order_at}
+        for i, size in enumerate(sizes):
+            if size > limit:
+                places, removed = largest((rows[i],), kept, size - limit)
+                rows[i] = replaced(rows[i], {c for _, c, _ in places})
+                sizes[i] = size - removed
+                for _, c, length in places:
+                    self._report(self.table.qualified, columns[c], length, f"a read of backfill {self.request.id}")
 
     def adapt(self, rows: int, seconds: float, memory: int) -> None:
         """Size the next chunk from how long this one took and how much memory it holds."""

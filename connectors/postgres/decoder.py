@@ -37,6 +37,11 @@ What it keeps track of:
   written with.
 - **Memory.** Each staged change carries an estimate of what it will cost until JetStream
   acknowledges it (:func:`change_memory`), which the buffer and the epoch budget count.
+- **Size.** A row message longer than ``max_change`` (``walflow.max_change_mb``) has its
+  largest values replaced by markers until it fits (:mod:`core.sizes`): it is decoded on views
+  of the message, so such a value is never copied, and the change is counted at the size it
+  keeps. A long one under the limit is decoded so too (:data:`VIEW_ABOVE`): its values are
+  copied once, not the message before them. Every other message pays one length comparison.
 
 Values stay the text the server sent (:class:`core.events.RawChange`): conversion is a
 stage of its own (:mod:`transforms.convert`).
@@ -49,10 +54,11 @@ intermediate objects.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol, cast
 
 import psycopg
 
@@ -61,6 +67,7 @@ from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, pg_ti
 from connectors.postgres.relations import Column, Relation, TypeName
 from core.errors import FatalError
 from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, RawValue, Table
+from core.sizes import largest, replaced
 
 #: An index beyond any transaction's last: "all of it" in ResumePoint.emitted_up_to.
 WHOLE_TRANSACTION: Final = 1 << 62
@@ -73,6 +80,9 @@ WHOLE_TRANSACTION: Final = 1 << 62
 _MEMORY_PER_CHANGE: Final = 512
 _MEMORY_PER_COLUMN: Final = 120
 _MEMORY_PER_WAL_BYTE: Final = 2
+#: A row message longer than this is decoded on views of it, its values copied once: below it,
+#: copying the message first and slicing the copy costs less than a view per value.
+VIEW_ABOVE: Final = 64 * 1024
 
 _XLOGDATA, _KEEPALIVE = b"wk"
 _BEGIN, _COMMIT, _INSERT, _UPDATE, _DELETE = b"BCIUD"
@@ -182,19 +192,26 @@ class Decoder:
         on_message: Callable[[str, bytes], None] | None = None,
         staged_prefixes: frozenset[str] = frozenset(),
         on_ignored: Callable[[str, Reason, str], None] | None = None,
+        max_change: int = sys.maxsize,
+        on_oversized: Callable[[RawChange, str, int], None] | None = None,
     ) -> None:
         """Logical messages (``pg_logical_emit_message``) under the prefixes walflow owns
         (:data:`connectors.postgres.messages.LIMITS`) and within their size: transactional
         ones with a prefix in ``staged_prefixes`` are staged in order as :class:`Signal`;
         heartbeats go to ``on_message(prefix, content)``; one over its size limit, or a
         signal outside a transaction, to ``on_ignored(prefix, reason, detail)``. Every other
-        message is passed over, its content not even copied."""
+        message is passed over, its content not even copied. ``max_change``: the longest row
+        message staged whole (bytes of CopyData; default: no limit); ``on_oversized(change,
+        column, size)`` is called for each value a longer one loses."""
         self._catalog = catalog
         self._commit_time = catalog.commit_time
         self.resume = resume
         self._on_message = on_message
         self._on_ignored = on_ignored
         self._staged_prefixes = frozenset(prefix.encode() for prefix in staged_prefixes)
+        self._max_change = max_change
+        self._view_above = min(max_change, VIEW_ABOVE)
+        self._on_oversized = on_oversized
         #: The furthest LSN seen: the status update's ``write``.
         self.received = resume.lsn
         self._marked = resume.lsn  # the last position marker staged
@@ -220,30 +237,39 @@ class Decoder:
 
     def feed(self, data: memoryview | bytes) -> bool:
         """Decode one CopyData message; True if the server asked for a reply at once."""
+        # Keep this short: in CPython 3.11 a comparison whose jump needs an EXTENDED_ARG (a block
+        # over 255 code units) is not specialized, and these run for every message.
         try:
-            if data[0] == _XLOGDATA:
-                size = len(data)
-                tag = data[XLOGDATA_HEADER] if size > XLOGDATA_HEADER else -1
-                if tag == _INSERT or tag == _UPDATE or tag == _DELETE:
-                    self._row(bytes(data), tag)
-                elif tag == _BEGIN and size == _XLOG_BEGIN.size:
-                    self._begin(data)
-                elif tag == _COMMIT and size == _XLOG_COMMIT.size:
-                    self._commit(data)
-                elif tag == _MESSAGE:
-                    self._message(data)
+            if data[0] != _XLOGDATA:
+                return self._keepalive(data)
+            size = len(data)
+            tag = data[XLOGDATA_HEADER] if size > XLOGDATA_HEADER else -1
+            if tag == _INSERT or tag == _UPDATE or tag == _DELETE:
+                if size > self._view_above:
+                    self._large(data, size, tag)
                 else:
-                    self._other(bytes(data), tag)
-                return False
-            if data[0] == _KEEPALIVE and len(data) == 18:
-                keepalive = parse_keepalive(data)
-                self.received = max(self.received, keepalive.wal_end)
-                if self._txn_lsn is None:
-                    self.mark(keepalive.wal_end)  # nothing open: every commit before walEnd was received
-                return keepalive.reply_requested
+                    self._row(bytes(data), tag)
+            elif tag == _BEGIN and size == _XLOG_BEGIN.size:
+                self._begin(data)
+            elif tag == _COMMIT and size == _XLOG_COMMIT.size:
+                self._commit(data)
+            elif tag == _MESSAGE:
+                self._message(data)
+            else:
+                self._other(bytes(data), tag)
+            return False
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise DecodeError(f"malformed message {_show(data)}: {exc}") from None
-        raise DecodeError(f"unexpected CopyData message {_show(data)} from the walsender")
+
+    def _keepalive(self, data: memoryview | bytes) -> bool:
+        """A primary keepalive ('k' walEnd sendTime replyRequested); anything else is refused."""
+        if data[0] != _KEEPALIVE or len(data) != 18:
+            raise DecodeError(f"unexpected CopyData message {_show(data)} from the walsender")
+        keepalive = parse_keepalive(data)
+        self.received = max(self.received, keepalive.wal_end)
+        if self._txn_lsn is None:
+            self.mark(keepalive.wal_end)  # nothing open: every commit before walEnd was received
+        return keepalive.reply_requested
 
     def mark(self, lsn: int) -> None:
         """Stage a position: everything staged so far lies before ``lsn``."""
@@ -366,6 +392,30 @@ class Decoder:
             self.staged_sizes.append(size)
             self.staged_size += size
             self._last = (commit_lsn, idx)
+
+    def _large(self, data: memoryview | bytes, size: int, tag: int) -> None:
+        """A row message over :data:`VIEW_ABOVE`: decoded as every row is, but on views of
+        ``data``, so that each value it keeps is copied once (not the message first). One over
+        ``max_change`` is staged with its largest values replaced (:func:`core.sizes.largest`,
+        key columns kept) until what is left fits: those are not copied at all, and the change is
+        counted at the size it keeps."""
+        before = len(self.staged)
+        self._row(data, tag)  # type: ignore[arg-type]  # a view stands in for bytes: its slices are views too
+        if len(self.staged) == before:  # a previous run emitted it
+            return
+        change = cast(RawChange, self.staged[-1])
+        places, removed = largest((change.old, change.new), change.table.key_positions, size - self._max_change)
+        lost = [{c for r, c, _ in places if r == row} for row in (0, 1)]
+        fitted = self.staged[-1] = change._replace(old=None if change.old is None else replaced(change.old, lost[0]),
+                                                   new=None if change.new is None else replaced(change.new, lost[1]))
+        if not places:
+            return
+        saved = _MEMORY_PER_WAL_BYTE * removed
+        self.staged_sizes[-1] -= saved
+        self.staged_size -= saved
+        if self._on_oversized is not None:
+            for _, c, length in places:
+                self._on_oversized(fitted, change.table.columns[c], length)
 
     # -- everything else -------------------------------------------------------------------
 

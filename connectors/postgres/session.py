@@ -39,7 +39,9 @@ from connectors.postgres.protocol import lsn_to_str, status_update
 from connectors.postgres.slot import SlotState, prepare
 from connectors.postgres.stream import ReplicationStream, StreamError, quote_identifier
 from connectors.postgres.types import Catalog
+from core.events import RawChange
 from core.metrics import Metrics
+from core.sizes import OversizedReport
 
 log = logging.getLogger("walflow.postgres")
 
@@ -103,6 +105,13 @@ class Session:
         self._confirm_sent = -1
         self._last_heard = 0.0  # when the server last sent anything
         self._progress_lsn, self._progress_at = resume.lsn, time.monotonic()  # walEnd's last move
+        self._report = OversizedReport("max_change", control.metrics, "its change is larger than "
+                                       f"walflow.max_change_mb ({settings.max_change_bytes} bytes)")
+
+    def _oversized(self, change: RawChange, column: str, size: int) -> None:
+        """The decoder replaced a value of ``change`` (over ``walflow.max_change_mb``): counted, said once."""
+        self._report(change.table.qualified, column, size,
+                     f"the {change.action} at commit LSN {lsn_to_str(change.commit_lsn)} (commit_idx {change.commit_idx})")
 
     def resume_point(self) -> ResumePoint:
         """Where the next session continues: right after everything this one handed on."""
@@ -116,7 +125,9 @@ class Session:
             control.slot_state = state = prepare(meta, self.db)
             catalog = Catalog(meta, control.table_keys, self.db.name)
             decoder = self.decoder = Decoder(catalog, self.resume, control.on_message,
-                                             staged_prefixes=frozenset({signals.PREFIX}), on_ignored=control.on_ignored)
+                                             staged_prefixes=frozenset({signals.PREFIX}), on_ignored=control.on_ignored,
+                                             max_change=self.settings.max_change_bytes,
+                                             on_oversized=self._oversized)
             stream = ReplicationStream(
                 conninfo(
                     self.db,

@@ -1,4 +1,5 @@
-"""Bad data and configuration that changes under a running pipeline: each has a policy, none loses silently."""
+"""Bad data and configuration that changes under a running pipeline: each has a policy, none loses silently
+(values too large to publish: ``test_sizes.py``)."""
 
 from __future__ import annotations
 
@@ -40,22 +41,3 @@ def test_a_stream_deleted_while_running_is_created_again(
     assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [2]
     assert "no stream captures subject" in log
 
-
-def test_a_row_over_max_payload_stops_the_pipeline_with_a_clear_error(
-    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
-) -> None:
-    """Policy: stop, say which change, confirm nothing past it (raise NATS's max_payload, or
-    exclude the table, then restart: the change is delivered then)."""
-    config = setup_events(database, names, nats_srv, tmp_path)
-    with pipeline(config, "-s", "1") as proc:
-        wait_for(lambda: _slot_active(database), timeout=60, what="the slot", check=lambda: assert_running(proc))
-        with database.connect() as conn:
-            conn.execute("INSERT INTO events VALUES (1, 'small')")
-            big_at = database.current_lsn()
-            conn.execute("INSERT INTO events VALUES (2, repeat('x', 2000000))")  # NATS's default limit is 1 MB
-        wait_for(lambda: not proc.running, timeout=60, what="the pipeline to stop")
-        log = proc.log_tail(300)
-    assert "larger than the server's max_payload" in log
-    assert f"{names.subject_prefix}.shop.public.events.insert" in log
-    assert _confirmed(database) <= big_at
-    assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [1]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from embedded import wait_for
 from embedded._process import free_port
@@ -15,30 +13,11 @@ from tests.harness import Database, Nats, TestNames
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.harness import walsender as _walsender
-from tests.pipeline import assert_running, pipeline, write_config
-
-Series = dict[tuple[tuple[str, str], ...], float]
-
-
-def _scrape(port: int) -> dict[str, Series]:
-    """Every sample of the process's ``/metrics``, by sample name, then by labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        assert reply.headers["Content-Type"].startswith("text/plain; version=")  # Prometheus text format
-        text = reply.read().decode()
-    out: dict[str, Series] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
-
-
-def _by(series: Series, *labels: str) -> dict[tuple[str, ...], float]:
-    """``series`` keyed by the values of ``labels`` only."""
-    return {tuple(dict(key)[label] for label in labels): value for key, value in series.items()}
+from tests.pipeline import assert_running, by_labels, pipeline, scrape, write_config
 
 
 def _slot_gauge(port: int, name: str, slot: str) -> float | None:
-    return _scrape(port).get(name, {}).get((("slot", slot),))
+    return scrape(port).get(name, {}).get((("slot", slot),))
 
 
 def _lag_is_small(port: int, slot: str) -> bool:
@@ -88,50 +67,50 @@ def test_counters_read_exactly_the_workload_and_the_slot_gauges_follow_the_slot(
                  what="the sampled confirmed LSN to pass the workload", check=lambda: assert_running(proc))
         wait_for(lambda: _lag_is_small(port, names.slot),
                  timeout=30, what="the lag to be small after catch-up", check=lambda: assert_running(proc))
-        metrics = _scrape(port)
+        metrics = scrape(port)
         # a restarted walsender is a reconnect, classified
         pid = _walsender(tables)
         assert pid is not None
         with tables.connect() as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
-        wait_for(lambda: sum(_scrape(port).get("walflow_reconnects_total", {}).values()) >= 1, timeout=30,
+        wait_for(lambda: sum(scrape(port).get("walflow_reconnects_total", {}).values()) >= 1, timeout=30,
                  what="the reconnect to be counted", check=lambda: assert_running(proc))
-        reconnects = _by(_scrape(port)["walflow_reconnects_total"], "component", "cause")
+        reconnects = by_labels(scrape(port)["walflow_reconnects_total"], "component", "cause")
 
-    assert _by(metrics["walflow_changes_received_total"], "slot", "table", "action") == {
+    assert by_labels(metrics["walflow_changes_received_total"], "slot", "table", "action") == {
         (tables.names.slot, table, action): n
         for (table, action), n in {("public.t1", "insert"): 7, ("public.t2", "update"): 3, ("public.t1", "delete"): 2,
                                    ("public.t3", "insert"): 4}.items()
     }
-    assert _by(metrics["walflow_changes_filtered_total"], "sink", "table", "action") == {
+    assert by_labels(metrics["walflow_changes_filtered_total"], "sink", "table", "action") == {
         ("everything", "public.t3", "insert"): 4,
         ("t1-inserts", "public.t2", "update"): 3,
         ("t1-inserts", "public.t1", "delete"): 2,
         ("t1-inserts", "public.t3", "insert"): 4,
     }
-    assert _by(metrics["walflow_changes_published_total"], "sink", "table", "action") == {
+    assert by_labels(metrics["walflow_changes_published_total"], "sink", "table", "action") == {
         ("everything", "public.t1", "insert"): 7,
         ("everything", "public.t2", "update"): 3,
         ("everything", "public.t1", "delete"): 2,
         ("t1-inserts", "public.t1", "insert"): 7,
     }
-    assert _by(metrics["walflow_commit_to_ack_seconds_count"], "sink") == {("everything",): 12, ("t1-inserts",): 7}
-    assert all(0 < v < 60 for v in _by(metrics["walflow_commit_to_ack_seconds_sum"], "sink").values())
+    assert by_labels(metrics["walflow_commit_to_ack_seconds_count"], "sink") == {("everything",): 12, ("t1-inserts",): 7}
+    assert all(0 < v < 60 for v in by_labels(metrics["walflow_commit_to_ack_seconds_sum"], "sink").values())
 
     slot = (("slot", names.slot),)
     confirmed = metrics["walflow_confirmed_lsn"][slot]
     assert before < end <= confirmed  # confirmed_lsn increased past the writes
     assert metrics["walflow_received_lsn"][slot] >= confirmed
-    assert _by(metrics["walflow_slot_wal_status"], "status") == {
+    assert by_labels(metrics["walflow_slot_wal_status"], "status") == {
         ("reserved",): 1, ("extended",): 0, ("unreserved",): 0, ("lost",): 0}
     assert metrics["walflow_slot_safe_wal_size_bytes"][slot] > 0  # +Inf unless max_slot_wal_keep_size is set
     assert metrics["walflow_heartbeat_round_trip_seconds_count"][slot] >= 1
 
-    assert _by(metrics["walflow_inflight_limit_bytes"], "bound") == {
+    assert by_labels(metrics["walflow_inflight_limit_bytes"], "bound") == {
         ("reader_buffer",): 32 * 1024 * 1024, ("epoch_budget",): 128 * 1024 * 1024}  # the defaults
-    assert set(_by(metrics["walflow_backpressure_seconds_total"], "bound")) == {
+    assert set(by_labels(metrics["walflow_backpressure_seconds_total"], "bound")) == {
         ("reader_buffer",), ("epoch_budget",), ("sink_window",)}
-    assert _by(metrics["walflow_sink_window_messages"], "sink") == {("everything",): 0, ("t1-inserts",): 0}
+    assert by_labels(metrics["walflow_sink_window_messages"], "sink") == {("everything",): 0, ("t1-inserts",): 0}
     assert "walflow_process_resident_memory_bytes" in metrics
     assert "walflow_publish_retries_total" not in metrics and "walflow_publish_failures_total" not in metrics
     assert set(reconnects) == {("postgres", "server_error")}, reconnects  # 57P01, terminated by an administrator
@@ -149,7 +128,7 @@ def test_a_backfill_counts_its_rows_and_chunks(
 
     def published_reads() -> float:
         try:
-            series = _scrape(port).get("walflow_changes_published_total", {})
+            series = scrape(port).get("walflow_changes_published_total", {})
         except OSError:  # not serving yet
             return 0.0
         return series.get((("action", "read"), ("sink", "t2-backfill"), ("table", "public.t2")), 0.0)
@@ -157,9 +136,9 @@ def test_a_backfill_counts_its_rows_and_chunks(
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: published_reads() == 3, timeout=60, what="the reads to be acknowledged",
                  check=lambda: assert_running(proc))
-        metrics = _scrape(port)
-    assert _by(metrics["walflow_backfill_rows_total"], "sink", "table") == {("t2-backfill", "public.t2"): 3}
-    assert _by(metrics["walflow_backfill_chunks_total"], "sink", "table") == {("t2-backfill", "public.t2"): 2}
+        metrics = scrape(port)
+    assert by_labels(metrics["walflow_backfill_rows_total"], "sink", "table") == {("t2-backfill", "public.t2"): 3}
+    assert by_labels(metrics["walflow_backfill_chunks_total"], "sink", "table") == {("t2-backfill", "public.t2"): 2}
     assert "walflow_commit_to_ack_seconds_count" not in metrics  # reads have no commit to measure from
 
 
@@ -189,9 +168,9 @@ def test_each_process_of_a_cluster_serves_its_own_figures(
         end = tables.current_lsn()
         wait_for(lambda: _confirmed(tables) >= end, timeout=60, what="the slot to pass the workload",
                  check=lambda: assert_running(*procs))
-        scraped = [_scrape(port) for port in ports]
+        scraped = [scrape(port) for port in ports]
     received = [sum(m.get("walflow_changes_received_total", {}).values()) for m in scraped]
-    published = [_by(m.get("walflow_changes_published_total", {}), "table", "action") for m in scraped]
+    published = [by_labels(m.get("walflow_changes_published_total", {}), "table", "action") for m in scraped]
     assert sorted(received) == [0, 40]  # the slot is read by one process only
     reader = received.index(40)
     # the slot's process leaves publishing to the other (dataflows/engine.py): it publishes nothing

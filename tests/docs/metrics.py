@@ -6,6 +6,7 @@ METRICS = {
     "walflow_changes_received_total": "counter",
     "walflow_changes_filtered_total": "counter",
     "walflow_dead_letters_total": "counter",
+    "walflow_oversized_values_total": "counter",
     "walflow_slot_lag_bytes": "gauge",
     "walflow_confirmed_lsn": "gauge",
     "walflow_received_lsn": "gauge",

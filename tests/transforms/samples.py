@@ -5,10 +5,15 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from config.schema import DatabaseConfig, SinkConfig
+from connectors.nats.publisher import payload_room
 from core.events import Action, Loader, RawChange, RawValue, Table
+from core.metrics import Metrics
+from transforms.render import Render
+from transforms.shape import Shaping
 
 TS = dt.datetime(2026, 11, 30, 4, 0, 0, 123456, tzinfo=dt.UTC)
 TS_US = calendar.timegm((2026, 11, 30, 4, 0, 0)) * 1_000_000 + 123456
@@ -31,6 +36,18 @@ def make_database(**fields: Any) -> DatabaseConfig:
         "publication": {"name": "walflow_app"},
     }
     return DatabaseConfig.model_validate({**base, **fields})
+
+
+def make_render(sink: SinkConfig | None = None, database: DatabaseConfig | None = None, *, room: int | None = None,
+                metrics: Metrics | None = None, beside: Path | None = None, secret: str | None = None) -> Render:
+    """A sink partition's render step for ``sink`` (:func:`make_sink`'s by default) of ``database``,
+    its stream capturing ``<prefix>.>``, ``room`` what a message may take (NATS's default
+    max_payload, 1 MiB, by default); ``beside`` and ``secret`` as :class:`Shaping` takes them."""
+    sink = sink or make_sink()
+    database = database or make_database()
+    shaping = Shaping(sink, database, 0, beside, secret, (f"{sink.destination.subject_prefix}.>",))
+    fits = payload_room(1024 * 1024) if room is None else room
+    return Render(sink, database, shaping, metrics, lambda: fits)
 
 
 def raw_change(

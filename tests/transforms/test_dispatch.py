@@ -16,12 +16,11 @@ from connectors.postgres.types import TypeSpecs, loaders_for
 from core.events import RawChange, ReadOf, Table
 from core.metrics import Metrics
 from core.wire import DESCRIBE, FORGET, Item, commit_time, pack
-from tests.transforms.samples import TS, make_database, make_sink, raw_change
+from tests.transforms.samples import TS, make_database, make_render, make_sink, raw_change
 from transforms.convert import convert, convert_fields
 from transforms.dispatch import Dispatch
 from transforms.envelope import Envelope
 from transforms.group import GroupKey
-from transforms.render import Render
 
 INT4, TEXT, NUMERIC, TIMESTAMPTZ, JSONB = 23, 25, 1700, 1184, 3802
 
@@ -120,7 +119,7 @@ def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing:
     for items in by_partition(Dispatch(sink).route(changes)).values():
         if crossing:
             items = [pickle.loads(pickle.dumps(item)) for item in items]
-        published += Render(sink, db)([items])
+        published += make_render(sink, db)([items])
     assert len(published) == len(changes)
     assert sorted(published) == sorted(expected.values())
 
@@ -138,11 +137,11 @@ def test_a_packed_change_converts_as_the_change_does() -> None:
 def test_a_change_before_its_table_is_described_stops_with_the_reason() -> None:
     table = typed_table()
     with pytest.raises(RuntimeError, match="was not described to this partition first"):
-        Render(make_sink(), make_database())([[pack(change(table, 1))]])
+        make_render()([[pack(change(table, 1))]])
 
 
 def test_a_partition_holds_only_the_versions_in_use() -> None:
-    render = Render(make_sink(), make_database())
+    render = make_render()
     tables = [dataclasses.replace(typed_table(), uid=u) for u in range(1, 50)]
     dispatch = Dispatch(make_sink(partition_count=1))
     for table in tables:  # a reconnect or DDL per batch: a new version each time
@@ -154,7 +153,7 @@ def test_versions_never_superseded_are_bounded_and_described_again_when_needed()
     """Finished backfills' tables (one lineage each) are never superseded: past the bound
     the oldest is forgotten where it was described, and described again if used again."""
     dispatch = Dispatch(make_sink(partition_count=1), max_versions=3)
-    render = Render(make_sink(), make_database())
+    render = make_render()
     first = typed_table()
     chunks = [dataclasses.replace(first, uid=first.uid + i) for i in range(1, 6)]
     routed = dispatch.route([change(first, 1)])

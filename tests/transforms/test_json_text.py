@@ -20,11 +20,9 @@ from core.errors import FatalError
 from core.events import JsonText, Message, RawChange, ReadOf, Row, Table
 from core.wire import DESCRIBE, pack
 from tests.pipeline import any_depth, loads_any_depth
-from tests.transforms.samples import TS, make_database, make_sink
+from tests.transforms.samples import TS, make_database, make_render, make_sink
 from transforms.convert import convert
 from transforms.envelope import Envelope, encode_json
-from transforms.render import Render
-from transforms.shape import Shaping
 
 INT4, JSON, JSONB, TIMESTAMP, JSONB_ARRAY = 23, 114, 3802, 1114, 3807
 DEPTHS = [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 254, 255, 256, 300, 1024, 1025, 1500]
@@ -63,9 +61,7 @@ def sink(**fields: Any) -> SinkConfig:
 
 def rendered(*changes: RawChange, shaped: SinkConfig | None = None, beside: Path | None = None) -> list[Message]:
     """The messages a sink partition makes of ``changes`` (unshaped unless ``shaped``)."""
-    db = make_database()
-    config = shaped or sink()
-    render = Render(config, db, Shaping(config, db, 0, beside, SECRET, ("wf.>",)) if shaped else None)
+    render = make_render(shaped or sink(), beside=beside, secret=SECRET)
     return render([[(DESCRIBE, changes[0].table), *(pack(c) for c in changes)]])
 
 

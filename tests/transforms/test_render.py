@@ -15,20 +15,18 @@ import pytest
 
 from config.schema import SinkConfig
 from core.errors import FatalError
-from core.events import Message, ReadOf
+from core.events import Message, RawChange, RawRow, ReadOf, Table
+from core.metrics import Metrics
 from core.wire import DESCRIBE, pack
-from tests.transforms.samples import make_database, make_sink
+from tests.transforms.samples import TS, make_render, make_sink
 from tests.transforms.test_dispatch import change, typed_table
 from transforms.render import Render
-from transforms.shape import Shaping
 
 SECRET = "s3cret"
-STREAM = ("wf.>",)
 
 
-def _render(sink: SinkConfig, tmp_path: Path | None = None) -> Render:
-    db = make_database()
-    return Render(sink, db, Shaping(sink, db, 0, tmp_path, SECRET, STREAM))
+def _render(sink: SinkConfig, tmp_path: Path | None = None, **keys: Any) -> Render:
+    return make_render(sink, beside=tmp_path, secret=SECRET, **keys)
 
 
 def _messages(render: Render, *changes: Any) -> list[Message]:
@@ -109,7 +107,7 @@ def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, 
                  tables=[{"name": "public.orders", "where": [{"column": "status", "eq": "paid"}]}])
     render = _render(sink, tmp_path)
     broken = change(typed_table(), 7)
-    plan = render._shaping.plan(broken.table)  # type: ignore[union-attr]
+    plan = render._shaping.plan(broken.table)
     assert plan is not None
 
     def failing(*_: Any) -> bool:
@@ -138,7 +136,7 @@ def test_filters_and_routing_alone_keep_the_envelopes_own_payload() -> None:
                  tables=[{"name": "public.orders", "where": [{"column": "status", "eq": "paid"}]}])
     kept = change(typed_table(), 7)
     (message,) = _messages(_render(sink), kept)
-    unshaped = Render(sink, make_database())([[(DESCRIBE, kept.table), pack(kept)]])[0]
+    unshaped = make_render(sink)([[(DESCRIBE, kept.table), pack(kept)]])[0]
     assert message[:6] == unshaped[:6]
     assert (message.subject, message.headers) == (b"wf.app.orders.paid", b'Wf-Key: ["7"]\r\n')
 
@@ -153,3 +151,96 @@ def test_a_tables_routing_replaces_the_sinks() -> None:
                         other.database, other.relid, other.rebuild, other.types)
     (message,) = _messages(_render(sink), change(other, 8))
     assert message.subject == b"wf.app.all.insert"
+
+
+# -- a message larger than the server's max_payload (core/sizes.py) -------------------------------------------
+
+
+def _row(table: Table, row_id: int, status: bytes, doc: bytes = b'{"a": 1}', old: RawRow | None = None) -> RawChange:
+    new = (str(row_id).encode(), status, b"12.50", b"2026-11-30 04:00:00+00", doc)
+    return RawChange("update" if old else "insert", table, new, old, False, 100 + row_id, 0, TS, 9)
+
+
+def _fits(message: Message, room: int) -> bool:
+    return len(message.payload) + len(message.msg_id) + (len(message[7]) if len(message) > 6 else 0) <= room
+
+
+def test_a_message_over_max_payload_is_published_with_its_largest_values_replaced(
+        caplog: pytest.LogCaptureFixture) -> None:
+    table, metrics, room = typed_table(), Metrics(), 4000
+    big, other = b"s" * 5000, b'{"a": "' + b"d" * 3000 + b'"}'
+    render = make_render(_sink(), room=room, metrics=metrics)
+    small, fitted, again = _messages(render, _row(table, 1, b"paid"), _row(table, 2, big, other),
+                                     _row(table, 3, big))
+    assert json.loads(small.payload)["record"]["status"] == "paid"  # under the limit: as it was
+    for message, doc in ((fitted, {"a": "d" * 3000}), (again, {"a": 1})):
+        record = json.loads(message.payload)["record"]
+        assert record == {"id": int(message.msg_id and record["id"]), "status": "__walflow_oversized_value:5000",
+                          "amount": "12.50", "at": "2026-11-30T04:00:00.000000Z", "doc": doc}
+        assert _fits(message, room)
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.name == "walflow.sizes"] == ["public.orders.status"]
+    assert metrics.registry.get_sample_value("walflow_oversized_values_total", {
+        "limit": "max_payload", "table": "public.orders", "column": "status"}) == 2
+
+
+def test_a_message_exactly_at_max_payload_is_published_whole() -> None:
+    table = typed_table()
+    (whole,) = _messages(make_render(_sink()), _row(table, 1, b"s" * 5000))
+    room = len(whole.payload) + len(whole.msg_id)
+    assert _messages(make_render(_sink(), room=room), _row(table, 1, b"s" * 5000)) == [whole]
+    (fitted,) = _messages(make_render(_sink(), room=room - 1), _row(table, 1, b"s" * 5000))
+    assert b"__walflow_oversized_value:5000" in fitted.payload
+
+
+def test_a_read_is_measured_with_its_id_which_names_its_row() -> None:
+    """A change's id is short and bounded, so its payload alone is checked first; a read's id holds
+    its row's key, of any length: a read over the limit only by its id is fitted too."""
+    table = typed_table()
+    key = "k" * 3000
+    read = _row(table, 1, b"s" * 2000)._replace(action="read", read=ReadOf("app-to-nats", "b1", key))
+    (whole,) = _messages(make_render(_sink()), read)
+    room = len(whole.payload) + len(whole.msg_id) - 1  # the id is most of the message: ~4 kB of base64
+    (fitted,) = _messages(make_render(_sink(), room=room), read)
+    assert json.loads(fitted.payload)["record"]["status"] == "__walflow_oversized_value:2000"
+    assert fitted.msg_id == whole.msg_id and _fits(fitted, room)
+
+
+def test_values_whose_json_outgrows_their_text_take_another_round() -> None:
+    """A control character is one byte of text and six of JSON (\\u0001): replacing the largest
+    text first leaves the message too large, so the next largest goes too."""
+    table, room = typed_table(), 3000
+    status, doc = b"s" * 2000, b'{"a": "' + b"\x01" * 1500 + b'"}'
+    (message,) = _messages(make_render(_sink(), room=room), _row(table, 1, status, doc))
+    record = json.loads(message.payload)["record"]
+    assert (record["status"], record["doc"]) == ("__walflow_oversized_value:2000", "__walflow_oversized_value:1509")
+    assert _fits(message, room)
+
+
+def test_an_update_loses_its_old_values_as_well_and_filters_are_not_asked_again() -> None:
+    """The row passed the filters as it is; a condition on a marker would be unknown (false)."""
+    table, room = typed_table(), 3000
+    sink = _sink(tables=[{"name": "public.orders", "where": [{"column": "status", "ne": "x"}],
+                          "columns": {"mask": {"amount": "redact"}}}])
+    old = (b"1", b"o" * 4000, b"1.00", b"2026-11-30 04:00:00+00", b"{}")
+    (message,) = _messages(make_render(sink, room=room), _row(table, 1, b"n" * 4000, old=old))
+    payload = json.loads(message.payload)
+    assert payload["record"]["status"] == "__walflow_oversized_value:4000" and payload["record"]["amount"] == "[redacted]"
+    assert payload["changes"]["status"] == "__walflow_oversized_value:4000" and _fits(message, room)
+
+
+def test_a_message_that_cannot_fit_is_its_dead_letter_whatever_on_error_says(
+        caplog: pytest.LogCaptureFixture) -> None:
+    table, metrics = typed_table(), Metrics()
+    render = make_render(_sink(), room=600, metrics=metrics)  # on_error: stop
+    first, second = _messages(render, _row(table, 1, b"s" * 5000), _row(table, 2, b"s" * 5000))
+    dead = json.loads(first.payload)
+    assert first.subject == b"wf.app.dead_letter" and dead["error"]["step"] == "size"
+    assert dead["metadata"]["record_pks"] == ["1"] and first.msg_id == make_render(_sink())(
+        [[(DESCRIBE, table), pack(_row(table, 1, b"x"))]])[0].msg_id  # under the row's own id
+    assert b"sssss" not in first.payload and second.subject == b"wf.app.dead_letter"
+    assert [r.getMessage() for r in caplog.records if "dead letter" in r.getMessage()] == [
+        "public.orders: the insert at commit LSN 0/65 (commit_idx 0) does not fit in sink 'app-to-nats''s "
+        "max_payload even with every value but its key's replaced: published as a dead letter "
+        '(walflow_dead_letters_total{step="size"}); later ones of this table are not logged']
+    assert metrics.registry.get_sample_value("walflow_dead_letters_total", {
+        "sink": "app-to-nats", "table": "public.orders", "step": "size"}) == 2

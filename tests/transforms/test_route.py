@@ -484,7 +484,7 @@ def test_a_dead_letter_subject_outside_the_stream_stops_the_sink_where_it_is_use
     with pytest.raises(FatalError, match=r"^sinks\[0\]\.dead_letter_subject: '\{prefix\}\.dead_letter' cannot be "
                                          "published on: the sink's stream does not capture it"):
         _router(sink=outside)
-    _router(sink=_sink(dead_letter_subject="{prefix}.dead_letter"))  # on_error: stop: never used, not checked
+    _router(sink=_sink(dead_letter_subject="{prefix}.dead_letter"))  # on_error: stop: checked when a message too large uses it
     per_table = _router(sink=_sink(on_error="dead_letter", dead_letter_subject="{prefix}.{table}.dlq"),
                         stream=("wf.app.>", "wf.orders.dlq"))
     assert per_table.dead_letter("insert", "public", "orders") == b"wf.orders.dlq"
@@ -511,7 +511,7 @@ def test_a_dead_letter_subject_outside_the_stream_stops_the_sink_where_it_is_use
     ({"tables": [{"name": "public.t", "routing": {"python": "shaping:route"}}]}, True),
     ({"on_error": "dead_letter"}, False),
     ({"on_error": "dead_letter", "dead_letter_subject": "{prefix}.dead_letter"}, True),
-    ({"dead_letter_subject": "{prefix}.dead_letter"}, False),  # never used
+    ({"dead_letter_subject": "{prefix}.dead_letter"}, True),  # used by a message too large for the server
     ({"routing": {"subject": "{prefix}.{bogus}"}}, True),  # refused by the router; meanwhile, the worst
 ])
 def test_publishes_outside_the_databases_subjects(keys: dict[str, Any], outside: bool) -> None:

@@ -149,6 +149,9 @@ def test_outage_blocks_then_everything_lands_in_order(
 
 
 def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
+    """The invariant behind the size policy, not the policy: render fits every message to the
+    server's max_payload (``tests/transforms/test_render.py``, ``tests/dataflows/test_sizes.py``);
+    one that came past it (the server's limit fell since) must still never reach the server."""
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc, names.subject_prefix)
     too_big = Message("public", "t", "insert", b"x" * (nc.max_payload + 1), "big")
@@ -162,7 +165,8 @@ def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error
     nc: WalflowClient, dest: NatsDestination, names: TestNames
 ) -> None:
     """The server counts headers against max_payload too (and drops the connection over it):
-    a payload a few bytes under the limit must be refused by name, not hang the sink."""
+    a payload a few bytes under the limit must be refused by name, not hang the sink (render
+    counts them the same way: ``connectors.nats.publisher.payload_room``)."""
     runtime.run(ensure_stream(nc, dest, "app", "app"))
     publisher = _publisher(nc, names.subject_prefix)
     almost = Message("public", "t", "insert", b"x" * (nc.max_payload - 10), "almost")

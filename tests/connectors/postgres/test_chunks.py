@@ -65,3 +65,30 @@ def test_a_chunk_waits_for_the_transactions_running_at_its_low_watermark(databas
         assert time.monotonic() - started >= 0.2
         threading.Timer(0.1, writer.commit).start()
         assert wait_for_commits_in_flight(conn, 5.0, never.wait)
+
+
+def test_a_row_over_max_change_is_read_with_its_largest_values_replaced(
+        database: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A backfill's read follows the policy of changes (core/sizes.py): the row's largest values
+    replaced until it fits, its key and sort column never; its chunk counted at what it keeps."""
+    from config.schema import WalflowSettings
+    from core.events import OversizedValue
+
+    settings = WalflowSettings.model_validate({"max_change_mb": 0.01}).backfill  # 10485 bytes
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE t (id text PRIMARY KEY, tag text, body text, note text)")
+        conn.execute("INSERT INTO t VALUES (repeat('k', 2000), repeat('t', 2000), repeat('b', 9000), 'n'), "
+                     "('small', 't', 'b', 'n'), ('exact', repeat('t', 10485 - 5 - 2), 'b', 'n'), "
+                     "('q', repeat('u', 11000), repeat('c', 500), 'n')")
+        conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
+        request = BackfillRequest("b", "s", "public.t", sort_column="tag", start_position="")
+        reader = TableReader(conn, "p", request, settings)
+        chunk = reader.read(None)
+    rows = {row[0]: row for row in chunk.rows}
+    assert rows[b"k" * 2000] == (b"k" * 2000, b"t" * 2000, OversizedValue.of(b"b" * 9000), b"n")  # 13001 bytes
+    assert rows[b"small"] == (b"small", b"t", b"b", b"n")
+    assert rows[b"exact"][1] == b"t" * 10478  # 10485 bytes: at the limit, whole
+    assert rows[b"q"] == (b"q", b"u" * 11000, OversizedValue.of(b"c" * 500), b"n")  # the sort column kept
+    assert chunk.end == ["u" * 11000, "q"]
+    assert chunk.row_memory < 2 * 10485 + 512 + 4 * 120  # the marked row counted at what it keeps
+    assert "public.t.body: a value of 9000 bytes in a read of backfill b" in caplog.text

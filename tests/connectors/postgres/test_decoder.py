@@ -38,7 +38,7 @@ from connectors.postgres.decoder import (
 from connectors.postgres.messages import OWNED
 from connectors.postgres.protocol import pg_timestamp
 from connectors.postgres.types import Catalog
-from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, Table
+from core.events import UNCHANGED_TOAST, OversizedValue, RawChange, RawRow, RawValue, Table
 from tests import pgoutput_reference as ref
 from tests.harness import Database, TestNames
 from tests.pgoutput_encode import encode
@@ -351,6 +351,117 @@ def test_memory_estimate_covers_what_a_decoded_row_holds(values: int, text_bytes
     assert change_memory(wal_bytes, values) >= held, (change_memory(wal_bytes, values), held, rows[:0])
 
 
+
+
+# -- the size limit: a row message over max_change (core/sizes.py) ---------------------------------------------
+
+#: orders with a third column: the key, and two values to choose from.
+NOTES = ref.Relation(None, 16402, "public", "notes", "d",
+                     (ref.Column(1, "id", 25, -1), ref.Column(0, "a", 25, -1), ref.Column(0, "b", 25, -1)))
+
+
+def sized(limit: int, *messages: bytes) -> tuple[Decoder, list[Item], list[int], list[tuple[int, str, int]]]:
+    """``messages`` (after NOTES) fed as psycopg hands them over (memoryviews), with ``max_change``
+    ``limit``: the decoder, what it staged with their sizes, and what it reported as oversized."""
+    reported: list[tuple[int, str, int]] = []
+    decoder = Decoder(FakeCatalog(), ResumePoint(), max_change=limit,
+                      on_oversized=lambda change, column, size: reported.append((change.commit_idx, column, size)))
+    for message in (xlog(NOTES), *messages):
+        decoder.feed(memoryview(message))
+    items, sizes, _ = decoder.take()
+    return decoder, items, sizes, reported
+
+
+def notes_insert(key: str, a: str, b: str) -> bytes:
+    return transaction(1000, 1100, ref.Insert(None, 16402, text(key, a, b)))[1]
+
+
+def test_a_row_message_exactly_at_max_change_is_staged_whole() -> None:
+    message = notes_insert("1", "x" * 300, "y" * 200)
+    _, items, sizes, reported = sized(len(message), *transaction(1000, 1100)[:1], message)
+    (change,) = changes(items)
+    assert change.new == (b"1", b"x" * 300, b"y" * 200) and reported == []
+    assert sizes[0] == change_memory(len(message), 3)
+
+
+def test_a_row_message_past_max_change_loses_its_largest_values_until_it_fits() -> None:
+    message = notes_insert("1", "x" * 300, "y" * 200)
+    begin, commit = transaction(1000, 1100)
+    decoder, items, sizes, reported = sized(len(message) - 1, begin, message, commit)
+    (change,) = changes(items)
+    assert change.new == (b"1", OversizedValue.of(b"x" * 300), b"y" * 200)  # one byte over: the largest goes
+    assert not any(isinstance(value, memoryview) for value in change.new)  # what it kept is its own bytes
+    assert reported == [(0, "a", 300)]
+    assert sizes[0] == change_memory(len(message) - 300, 3)  # counted at the size it keeps
+    assert decoder.staged_size == 0 and decoder.resume_point() == ResumePoint(1100)
+    _, items, _, reported = sized(len(message) - 301, begin, message, commit)  # past what one value covers
+    assert changes(items)[0].new == (b"1", OversizedValue.of(b"x" * 300), OversizedValue.of(b"y" * 200))
+    assert reported == [(0, "a", 300), (0, "b", 200)]
+
+
+def test_the_key_is_never_replaced_and_both_rows_are_weighed() -> None:
+    update = ref.Update(None, 16402, "O", text("k" * 900, "old" * 100, None), text("k" * 900, "n", "new" * 50))
+    message = transaction(1000, 1100, update)[1]
+    _, items, _, reported = sized(100, *transaction(1000, 1100, update)[:1], message)
+    (change,) = changes(items)
+    assert change.old == (b"k" * 900, OversizedValue.of(b"old" * 100), None)
+    assert change.new == (b"k" * 900, b"n", OversizedValue.of(b"new" * 50))  # "n": a marker is no shorter
+    assert [column for _, column, _ in reported] == ["a", "b"]  # largest first: 300, then 150
+    assert OversizedValue.of(b"k" * 900) not in change.new
+
+
+def test_an_oversized_row_a_previous_run_emitted_is_skipped_as_any_other() -> None:
+    message = notes_insert("1", "x" * 300, "y")
+    reported: list[str] = []
+    decoder = Decoder(FakeCatalog(), ResumePoint(900, 1000, 0), max_change=100,
+                      on_oversized=lambda change, column, size: reported.append(column))
+    for data in (xlog(NOTES), xlog(ref.Begin(1000, _TS, 7)), message):
+        decoder.feed(memoryview(data))
+    assert changes(decoder.take()[0]) == [] and reported == []
+
+
+#: A 20 MB text, fed as psycopg hands a message over.
+BIG = "x" * 20_000_000
+
+
+def feed_big(max_change: int) -> tuple[RawChange, int, list[int]]:
+    """A notes insert of ``BIG`` decoded with ``max_change``: its change, the memory decoding it
+    took at the peak (tracemalloc), and the staged sizes."""
+    import tracemalloc
+
+    decoder = Decoder(FakeCatalog(), ResumePoint(), max_change=max_change)
+    for data in (xlog(NOTES), xlog(ref.Begin(1000, _TS, 7))):
+        decoder.feed(data)
+    message = memoryview(notes_insert("1", BIG, "small"))
+    tracemalloc.start()
+    decoder.feed(message)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    (change,) = changes(decoder.staged)
+    return change, peak, decoder.staged_sizes
+
+
+def test_an_oversized_value_is_never_copied() -> None:
+    """What makes the limit worth having: a value over it costs the reader nothing beyond the
+    message libpq already holds (before, the message was copied once and the value once more)."""
+    change, peak, _ = feed_big(1_000_000)
+    assert change.new == (b"1", OversizedValue.of(BIG.encode()), b"small")
+    assert peak < 100_000, peak
+
+
+def test_a_long_row_under_max_change_is_copied_once() -> None:
+    """Past VIEW_ABOVE a row is decoded on views of the message: each value is copied once, not the
+    whole message first and the value again."""
+    change, peak, sizes = feed_big(100_000_000)
+    assert change.new == (b"1", BIG.encode(), b"small") and type(change.new[1]) is bytes
+    assert peak < 21_000_000, peak  # the value once (before: the message, then the value: 40 MB)
+    assert sizes == [change_memory(len(notes_insert("1", BIG, "small")), 3)]
+
+
+def test_a_malformed_oversized_row_is_refused_as_any_other() -> None:
+    message = notes_insert("1", "x" * 300, "y")
+    with pytest.raises(DecodeError, match="runs past the end"):
+        sized(100, xlog(ref.Begin(1000, _TS, 7)), message[:-1])
 
 
 # -- against the reference decoder, on real WAL --------------------------------------------------------------
