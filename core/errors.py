@@ -9,11 +9,17 @@
   still held by a previous connection). The part that met it retries with capped backoff,
   resuming exactly where it was.
 
-Library exceptions (psycopg, nats-py) are translated into one of the two at the connector
-boundary that knows what they mean; code above it looks at the class only.
+Library exceptions (psycopg, nats-py) are translated at the connector boundary, by looking
+their code up in one table per server below (as psycopg's ``errors.py`` maps SQLSTATE to
+classes); code above it looks at the class only.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal, TypeVar
+
+T = TypeVar("T")
 
 
 class WalflowError(Exception):
@@ -39,3 +45,70 @@ class ValueFree(Exception):
     is. Any other exception met by a step that sees a row's values (filters, enrichment,
     transforms, routing) is said by its type alone, since its text may quote them
     (``transforms/render.py``)."""
+
+
+# -- PostgreSQL: one table per kind of work, by SQLSTATE --------------------------------------
+
+
+def by_sqlstate(table: Mapping[str, T], sqlstate: str | None, default: T) -> T:
+    """``table``'s entry for ``sqlstate``: its exact code, else its class (the first two
+    characters, as SQLSTATE groups them), else ``default``."""
+    if not sqlstate:
+        return default
+    return table.get(sqlstate, table.get(sqlstate[:2], default))
+
+
+class ReplicationSetupError(FatalError):
+    """The database is not ready for walflow, or can no longer be replicated; the message says what to change."""
+
+
+class StreamError(TransientError):
+    """The server refused or ended the replication stream, or the connection broke; retried."""
+
+    def __init__(self, message: str, sqlstate: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        #: When set, how soon a reconnect may try again (a stale holder was just removed).
+        self.retry_after = retry_after
+
+
+class SlotInUse(StreamError):
+    """55006: another connection holds the slot (who it is decides what to do: the supervisor's job)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "55006")
+
+
+#: The replication stream's errors an operator must act on, with what to do; any other
+#: SQLSTATE (a restarted server, a terminated walsender) is a :class:`StreamError`.
+REPLICATION_FATAL: Final[Mapping[str, str]] = {
+    "55000": "replication slot '{slot}' can no longer be used: {error}. PostgreSQL invalidated it (its WAL was "
+    "removed, e.g. by max_slot_wal_keep_size), so the changes since its last confirmed position are gone from it. "
+    "To recover: SELECT pg_drop_replication_slot('{slot}'); start walflow again to recreate the slot, and "
+    "backfill the tables from their current contents.",
+    "42704": "replication of slot '{slot}' stopped: {error}. The publication was dropped (or never existed) while "
+    "walflow was reading; PostgreSQL cannot decode past that point with it. Recreate the publication, then "
+    "drop and recreate the slot and backfill the changes since.",
+}
+
+
+def replication_error(message: str, sqlstate: str | None, slot: str) -> StreamError | FatalError:
+    """The error the server's ``sqlstate`` means for replication of ``slot``."""
+    fatal = by_sqlstate(REPLICATION_FATAL, sqlstate, None)
+    if fatal is not None:
+        return ReplicationSetupError(fatal.format(slot=slot, error=message))
+    if sqlstate == "55006":
+        return SlotInUse(message)
+    return StreamError(message, sqlstate)
+
+
+#: What a backfill does when its query fails: ``shrink`` the chunk and read it again (a
+#: statement timeout), ``end`` the backfill with the error (the same query fails the same
+#: way every time: the table dropped, a start position its column cannot hold, a column
+#: dropped, SELECT revoked), else ``retry`` on a new connection with backoff.
+BackfillOutcome = Literal["shrink", "end", "retry"]
+BACKFILL_QUERY: Final[Mapping[str, BackfillOutcome]] = {
+    "57014": "shrink",  # query_canceled: statement_timeout
+    "22": "end",  # data exception
+    "42": "end",  # syntax error or access rule violation (42P01: the table was dropped)
+}

@@ -62,6 +62,7 @@ from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Signal
 from connectors.postgres.messages import BACKFILL, Reason
 from connectors.postgres.signals import BackfillRequest, Cursor, NotASignal, signing_key
+from core.errors import BACKFILL_QUERY, by_sqlstate
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
 from core.metrics import Metrics
@@ -279,15 +280,12 @@ class BackfillRunner:
                     job.published_as = reader.table.qualified
                     if self._chunks(conn, job, reader):
                         return
-            except psycopg.errors.UndefinedTable:
-                self._end_after_failure(job, f"table {request.table} was dropped")
-                return
-            except (psycopg.errors.DataError, psycopg.errors.SyntaxErrorOrAccessRuleViolation) as exc:
-                # the same SELECT fails the same way every time (a start position its column cannot
-                # hold, a column dropped, SELECT revoked): end it, so that a corrected request can run
-                self._end_after_failure(job, str(exc).strip().splitlines()[0])
-                return
             except psycopg.Error as exc:
+                if by_sqlstate(BACKFILL_QUERY, exc.sqlstate, "retry") == "end":
+                    dropped = exc.sqlstate == "42P01"
+                    self._end_after_failure(job, f"table {request.table} was dropped" if dropped
+                                            else str(exc).strip().splitlines()[0])
+                    return
                 self._forget_chunks(job)
                 log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
                             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
@@ -322,7 +320,9 @@ class BackfillRunner:
             started = time.monotonic()
             try:
                 chunk = reader.read(after)
-            except psycopg.errors.QueryCanceled:
+            except psycopg.Error as exc:
+                if by_sqlstate(BACKFILL_QUERY, exc.sqlstate, "retry") != "shrink":
+                    raise
                 if reader.limit == 1:  # it will never get faster
                     self._end(conn, job, f"a chunk of one row ran past the statement timeout "
                               f"({_TIMEOUT_FACTOR * self.settings.query_budget_ms} ms): index the table's "

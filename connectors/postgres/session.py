@@ -37,8 +37,9 @@ from connectors.postgres.decoder import Decoder, ResumePoint
 from connectors.postgres.messages import Reason
 from connectors.postgres.protocol import lsn_to_str, status_update
 from connectors.postgres.slot import SlotState, prepare
-from connectors.postgres.stream import ReplicationStream, StreamError, quote_identifier
+from connectors.postgres.stream import ReplicationStream, quote_identifier
 from connectors.postgres.types import Catalog
+from core.errors import StreamError
 from core.events import RawChange
 from core.metrics import Metrics
 from core.sizes import OversizedReport

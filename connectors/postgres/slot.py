@@ -18,13 +18,9 @@ from psycopg import sql
 from config.schema import DatabaseConfig
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import str_to_lsn
-from core.errors import FatalError
+from core.errors import ReplicationSetupError
 
 log = logging.getLogger("walflow.postgres")
-
-
-class ReplicationSetupError(FatalError):
-    """The database is not ready for walflow; the message says what to change."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,9 @@
 Everything here is non-blocking except ``start``: the session decides when to wait on the
 socket, so it can keep sending status updates while it does not read.
 
-This is where the server's errors are classified (:mod:`core.errors`): what an operator
-must fix (an invalidated slot, a dropped publication) is fatal, with what to do; a slot
-held by another connection is :class:`SlotInUse`; everything else (a restarted server, a
-terminated walsender, a reset connection) is transient.
+The server's errors are looked up in :data:`core.errors.REPLICATION_FATAL`: what an
+operator must fix is fatal, with what to do; a slot held by another connection is
+:class:`~core.errors.SlotInUse`; everything else is a transient :class:`~core.errors.StreamError`.
 """
 
 from __future__ import annotations
@@ -19,45 +18,7 @@ import psycopg
 from psycopg import pq
 
 from connectors.postgres.protocol import lsn_to_str
-from connectors.postgres.slot import ReplicationSetupError
-from core.errors import FatalError, TransientError
-
-#: Errors an operator must act on, with what to do.
-_FATAL_SQLSTATES = {
-    "55000": "replication slot '{slot}' can no longer be used: {error}. PostgreSQL invalidated it (its WAL was "
-    "removed, e.g. by max_slot_wal_keep_size), so the changes since its last confirmed position are gone from it. "
-    "To recover: SELECT pg_drop_replication_slot('{slot}'); start walflow again to recreate the slot, and "
-    "backfill the tables from their current contents.",
-    "42704": "replication of slot '{slot}' stopped: {error}. The publication was dropped (or never existed) while "
-    "walflow was reading; PostgreSQL cannot decode past that point with it. Recreate the publication, then "
-    "drop and recreate the slot and backfill the changes since.",
-}
-
-
-class StreamError(TransientError):
-    """The server refused or ended the replication stream, or the connection broke; retried."""
-
-    def __init__(self, message: str, sqlstate: str | None = None, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.sqlstate = sqlstate
-        #: When set, how soon a reconnect may try again (a stale holder was just removed).
-        self.retry_after = retry_after
-
-
-class SlotInUse(StreamError):
-    """55006: another connection holds the slot (who it is decides what to do: the supervisor's job)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "55006")
-
-
-def classify(message: str, sqlstate: str | None, slot: str) -> StreamError | FatalError:
-    """The error the server's ``sqlstate`` means for replication of ``slot``."""
-    if sqlstate in _FATAL_SQLSTATES:
-        return ReplicationSetupError(_FATAL_SQLSTATES[sqlstate].format(slot=slot, error=message))
-    if sqlstate == "55006":
-        return SlotInUse(message)
-    return StreamError(message, sqlstate)
+from core.errors import FatalError, StreamError, replication_error
 
 
 def quote_identifier(name: str) -> str:
@@ -160,6 +121,6 @@ class ReplicationStream:
         if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
             state = result.error_field(pq.DiagnosticField.SQLSTATE)
             message = result.error_message.decode(errors="replace").strip()
-            return classify(message, state.decode() if state else None, self._slot)
+            return replication_error(message, state.decode() if state else None, self._slot)
         message = self._pgconn.error_message.decode(errors="replace").strip() or "replication connection lost"
         return StreamError(message)

@@ -38,8 +38,7 @@ from connectors.postgres.messages import IgnoredMessages, Reason
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT, Session
 from connectors.postgres.slot import SlotState
-from connectors.postgres.stream import SlotInUse, StreamError
-from core.errors import FatalError, TransientError
+from core.errors import FatalError, SlotInUse, StreamError, TransientError
 from core.metrics import Metrics
 
 log = logging.getLogger("walflow.postgres")

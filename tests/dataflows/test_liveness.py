@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.postgres.slot import ReplicationSetupError
+from core.errors import ReplicationSetupError
 from embedded import PostgresServer, wait_for
 from tests.harness import Database, Nats, TestNames, walsender
 from tests.harness import slot_active as _slot_active

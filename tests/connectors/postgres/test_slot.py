@@ -11,7 +11,8 @@ import pytest
 
 from config.schema import DatabaseConfig
 from connectors.postgres.connection import conninfo
-from connectors.postgres.slot import ReplicationSetupError, SlotState, prepare
+from connectors.postgres.slot import SlotState, prepare
+from core.errors import ReplicationSetupError
 from embedded import PostgresServer
 from tests.harness import Database, TestNames
 
