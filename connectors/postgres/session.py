@@ -1,22 +1,14 @@
-"""One replication session: the connections, START_REPLICATION, the read loop, status updates, the watchdog.
+"""One replication session: the connections, START_REPLICATION, the read loop.
 
 A session runs on the reader thread (:mod:`connectors.postgres.supervisor`) from connect
 to its end: it ends cleanly when asked to stop, and with an error otherwise, which the
-supervisor classifies and retries. It feeds every CopyData message to the decoder and hands
-what the decoder staged to the byte-bounded buffer after each burst of messages.
-
-Status updates follow ``shared/reference/postgres-replication.md`` §3–4: ``write`` is the
-last LSN received (so keepalives never turn into a ping-pong), ``flush`` is the position the
-pipeline made durable (:attr:`Control.confirmed`), replies go out at once when the server
-asks, and at least every ``status_interval_ms``. A full buffer never silences the
-connection: the session then stops reading but keeps sending status updates, so the
-walsender neither times out nor has to ping.
-
-Liveness is judged on *any* message, never on data: a long catch-up over WAL with nothing
-to publish sends only keepalives. Silence past a status interval is met with
-reply-requested pings, which the walsender answers even while catching up (at worst after
-``wal_sender_timeout/2``); only no answer at all, from a walsender the server says is not
-working, means the connection is dead.
+supervisor retries or reports (:mod:`core.errors`). It is a shell around three sans-IO
+parts: it feeds every CopyData message to the :class:`~connectors.postgres.decoder.Decoder`
+and hands what it staged to the byte-bounded buffer after each burst; the slot's
+:class:`~connectors.postgres.position.SlotPosition` writes the status updates; the session's
+:class:`~connectors.postgres.liveness.Liveness` says when to send one, when silence is
+suspect and when WAL stands still. A full buffer never silences the connection: the
+session then stops reading but keeps sending status updates.
 """
 
 from __future__ import annotations
@@ -34,8 +26,10 @@ from connectors.postgres import signals
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
 from connectors.postgres.decoder import Decoder, ResumePoint
+from connectors.postgres.liveness import Liveness
 from connectors.postgres.messages import Reason
-from connectors.postgres.protocol import lsn_to_str, status_update
+from connectors.postgres.position import SlotPosition
+from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.slot import SlotState, prepare
 from connectors.postgres.stream import ReplicationStream, quote_identifier
 from connectors.postgres.types import Catalog
@@ -48,10 +42,6 @@ log = logging.getLogger("walflow.postgres")
 
 #: How many CopyData messages to handle before looking at the clock and the buffer again.
 _READ_BURST: Final = 500
-#: The least time between two status updates sent only because the confirmed LSN moved.
-_CONFIRM_GAP: Final = 0.1
-#: walEnd standing still this long (seconds) while connected is logged as a warning.
-_STALL_WARNING: Final = 300.0
 #: Wait events of a walsender that is idle or blocked on its client, not working.
 WAITING_ON_CLIENT: Final = frozenset({"WalSenderWaitForWAL", "WalSenderWriteData", "ClientWrite", "ClientRead"})
 
@@ -69,11 +59,8 @@ class Control(Protocol):
     table_keys: dict[int, tuple[str, ...]]
     #: The process's metrics: the time spent with the buffer full counts as backpressure.
     metrics: Metrics
-
-    @property
-    def confirmed(self) -> int:
-        """Everything before this LSN is durable downstream: the status update's ``flush``."""
-        ...
+    #: The slot's positions: where a session starts, and what its status updates say.
+    position: SlotPosition
 
     def drain_wakeups(self, readable: list[int]) -> None: ...
 
@@ -89,23 +76,16 @@ class Control(Protocol):
 class Session:
     """One connection to the walsender, resumed at ``resume``."""
 
-    def __init__(
-        self,
-        db: DatabaseConfig,
-        settings: ReplicationSettings,
-        resume: ResumePoint,
-        control: Control,
-        application_name: str,
-    ) -> None:
+    def __init__(self, db: DatabaseConfig, settings: ReplicationSettings, control: Control,
+                 application_name: str) -> None:
         self.db = db
         self.settings = settings
-        self.resume = resume
         self.control = control
+        self.position = control.position
+        #: Where this session starts: right after everything the previous one handed on.
+        self.resume = self.position.resume
         self.application_name = application_name
         self.decoder: Decoder | None = None
-        self._confirm_sent = -1
-        self._last_heard = 0.0  # when the server last sent anything
-        self._progress_lsn, self._progress_at = resume.lsn, time.monotonic()  # walEnd's last move
         self._report = OversizedReport("max_change", control.metrics, "its change is larger than "
                                        f"walflow.max_change_mb ({settings.max_change_bytes} bytes)")
 
@@ -154,14 +134,14 @@ class Session:
                          lsn_to_str(start), lsn_to_str(state.confirmed_flush_lsn))
                 self._start_position(decoder, state.confirmed_flush_lsn)
                 self._loop(stream, decoder, meta)
-                self._send_status(stream, decoder)  # a clean stop: the last confirmed position, then CopyDone
+                stream.send(self.position.status(decoder.received))  # a clean stop: the last confirmed position
                 stream.end()
             finally:
                 control.connected = False
                 stream.close()
 
     def _start_position(self, decoder: Decoder, server_confirmed: int) -> None:
-        if server_confirmed <= self.resume.lsn:
+        if self.position.session_start(server_confirmed) is None:
             return
         if self.resume.lsn:
             log.warning(
@@ -173,38 +153,39 @@ class Session:
         self._hand_over(decoder)
 
     def _loop(self, stream: ReplicationStream, decoder: Decoder, meta: psycopg.Connection[Any]) -> None:
-        control = self.control
+        control, position = self.control, self.position
         buffer = control.buffer
         full_wait = control.metrics.backpressure.labels("reader_buffer")
-        interval = self.settings.status_interval_ms / 1000
-        dead_after = self.settings.wal_sender_timeout_ms / 2000 + 3 * interval
-        next_status = last_sent = 0.0
-        self._last_heard = time.monotonic()
+        clock = Liveness(time.monotonic(), decoder.received, self.settings.status_interval_ms / 1000,
+                                       self.settings.wal_sender_timeout_ms / 1000,
+                                       watch_stalls=bool(self.settings.heartbeat_interval_ms))
         while not control.stopping.is_set():
             now = time.monotonic()
-            silent = now - self._last_heard
-            if silent > dead_after:
+            tick = clock.tick(now, decoder.received, position.confirm_unsent, not buffer.full)
+            if tick.suspect:
                 if not self._walsender_busy(meta, stream.backend_pid):
-                    raise StreamError(f"no message from the server for {silent:.0f}s despite pings: connection lost")
-                self._last_heard = now  # replaying a huge rewrite sends nothing, not even keepalives (PG15)
-            self._watch_progress(decoder.received, now)
-            confirmed = control.confirmed
-            # a new confirmed position goes out promptly, but at most every _CONFIRM_GAP
-            if now >= next_status or (confirmed != self._confirm_sent and now - last_sent >= _CONFIRM_GAP):
-                self._send_status(stream, decoder, reply=silent > interval)
-                last_sent, next_status = now, now + interval
-            wake_by = next_status if control.confirmed == self._confirm_sent else min(next_status, last_sent + _CONFIRM_GAP)
+                    raise StreamError(f"no message from the server for {clock.silent_for(now):.0f}s despite pings: "
+                                      "connection lost")
+                clock.heard(now)  # replaying a huge rewrite sends nothing, not even keepalives (PG15)
+            if tick.stalled is not None:
+                log.warning("slot %s: no progress through the WAL for %.0f min (at %s); still connected, still waiting",
+                            self.db.slot.name, tick.stalled / 60, lsn_to_str(decoder.received))
+            if tick.send:
+                stream.send(position.status(decoder.received, tick.reply))
+                clock.sent(now)
+            wake_by = clock.wake_by(position.confirm_unsent)
             if buffer.full:
                 # Backpressure: leave the rest in Postgres, wake for room, a confirm or the next status.
                 readable, _, _ = select.select([control.wake_fd], [], [], max(0.0, wake_by - now))
                 control.drain_wakeups(readable)
-                self._last_heard = time.monotonic()  # not listening is not silence
-                full_wait.inc(self._last_heard - now)
+                heard = time.monotonic()
+                clock.heard(heard)  # not listening is not silence
+                full_wait.inc(heard - now)
                 continue
-            if self._read_burst(stream, decoder) == 0:
+            if self._read_burst(stream, decoder, clock) == 0:
                 control.drain_wakeups(stream.wait(max(0.0, wake_by - time.monotonic()), [control.wake_fd]))
 
-    def _read_burst(self, stream: ReplicationStream, decoder: Decoder) -> int:
+    def _read_burst(self, stream: ReplicationStream, decoder: Decoder, clock: Liveness) -> int:
         """Feed up to a burst of messages already received to the decoder, then hand what it
         staged to the buffer. The burst stops where the staged changes fill the buffer's
         room, so the buffer overshoots its bound by at most one message."""
@@ -231,9 +212,9 @@ class Session:
                     continue
                 handled += 1
                 if feed(data):
-                    self._send_status(stream, decoder)  # the server asked for a reply
+                    stream.send(self.position.status(decoder.received))  # the server asked for a reply
             if handled:
-                self._last_heard = time.monotonic()  # once per burst: a burst takes milliseconds
+                clock.heard(time.monotonic())  # once per burst: a burst takes milliseconds
         finally:
             self._hand_over(decoder)
         return handled
@@ -241,22 +222,7 @@ class Session:
     def _hand_over(self, decoder: Decoder) -> None:
         items, sizes, size = decoder.take()
         self.control.buffer.put_many(items, sizes, size)
-
-    def _send_status(self, stream: ReplicationStream, decoder: Decoder, reply: bool = False) -> None:
-        flush = self.control.confirmed
-        stream.send(status_update(decoder.received, flush, reply))
-        self._confirm_sent = flush
-
-    def _watch_progress(self, received: int, now: float) -> None:
-        """walEnd standing still while heartbeats are written is worth a warning, not a restart:
-        the server may be replaying one huge transaction (it sends keepalives meanwhile)."""
-        if received != self._progress_lsn:
-            self._progress_lsn, self._progress_at = received, now
-        elif (now - self._progress_at > _STALL_WARNING and not self.control.buffer.full
-              and self.settings.heartbeat_interval_ms):
-            log.warning("slot %s: no progress through the WAL for %.0f min (at %s); still connected, still waiting",
-                        self.db.slot.name, (now - self._progress_at) / 60, lsn_to_str(received))
-            self._progress_at = now
+        self.position.heard(decoder.received)
 
     def _walsender_busy(self, meta: psycopg.Connection[Any], pid: int) -> bool:
         """Ask over the normal connection whether our walsender is alive and working (not

@@ -1,14 +1,11 @@
 """The Bytewax source: one partition per replication slot (a database of the config), keyed by the slot's name.
 
-The partition drains the reader's buffer in ``next_batch`` and never blocks. Its
-snapshot is plain data — the LSN up to which everything was emitted, and how far into an
-unfinished transaction it got — so a resumed run starts exactly after the last change it
-emitted, even in the middle of a ten-million-row transaction.
-
-**When the slot moves.** Bytewax calls a source partition in epoch e+1 only after epoch e
-is complete downstream (with ``-r``: after its snapshots are committed;
-``shared/reference/bytewax-engine.md`` §3.8). So the position returned by ``snapshot()``
-at the end of epoch e is confirmed to Postgres on the next call, never earlier.
+The partition is a shell: it drains the reader's buffer in ``next_batch`` without blocking,
+shows backfill signals to :class:`~connectors.postgres.backfill.Backfills`, and tells the
+slot's :class:`~connectors.postgres.position.SlotPosition` what it emitted and when an epoch
+ended or completed; the position decides what is confirmed (README, "When the slot moves").
+Its snapshot is plain data — how far it emitted, even into an unfinished transaction, and
+where each running backfill continues.
 
 Metrics: the changes taken from the buffer are counted per table and action in plain ints
 and added to ``walflow_changes_received_total`` once per ``next_batch``; the epoch budget's
@@ -20,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +28,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings, SinkConfig
 from connectors.postgres.backfill import Admission, BackfillRunner, Backfills, BackfillState, Release
 from connectors.postgres.decoder import Item, ResumePoint, Signal
+from connectors.postgres.position import SlotPosition
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
 from core.events import Action, RawChange, Table
@@ -61,7 +59,7 @@ class SourceState(TypedDict, total=False):
 
 
 class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
-    """Hands the reader's changes to Bytewax, tracks the position, confirms it an epoch later."""
+    """Hands the reader's changes to Bytewax; the slot's :class:`SlotPosition` decides what is confirmed when."""
 
     def __init__(
         self,
@@ -70,29 +68,17 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         batch_size: int,
         epoch_budget: int,
         backfills: Backfills,
-        stop_at_lsn: int | None = None,
-        confirm_after: int = 0,
     ) -> None:
         self._reader = reader
+        self._position = reader.position
         self._backfills = backfills
         #: A chunk's reads still to emit, and the items taken after its high watermark.
         self._release: Release | None = None
         self._held: list[Item] = []
-        #: Positions of epoch ends not yet confirmable because a backfill's floor is below them.
-        self._epoch_ends: deque[int] = deque([reader.resume.lsn])
         self._runtime = runtime
-        self._confirm_after = confirm_after
         self._batch_size = batch_size
         self._epoch_budget = epoch_budget
         self._epoch_bytes = 0
-        self._stop_at = stop_at_lsn
-        resume = reader.resume
-        self._lsn = resume.lsn
-        self._commit_lsn = resume.commit_lsn
-        self._commit_idx = resume.commit_idx
-        self._unconfirmed: int | None = None
-        self._dirty = False  # changes emitted since the last snapshot
-        self._settled = False  # every change emitted so far is covered by a confirmed snapshot
         self._idle = False
         # Built in build_part, where Bytewax's first epoch starts: see core/pacing.py.
         self._pacer = EpochPacer(time.time())
@@ -115,12 +101,14 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
 
     def _next_batch(self) -> list[RawChange]:
         self._pacer.polled(time.time())
-        self._confirm_previous_epoch()
+        position = self._position
+        if position.epoch_complete():
+            self._reader.wake()
         if (error := self._reader.error) is not None:
             if isinstance(error, FatalError):
                 raise error
             raise RuntimeError(f"replication of slot {self._reader.db.slot.name} failed: {error}") from error
-        if self._stop_at is not None and self._lsn >= self._stop_at and self._commit_lsn is None:
+        if position.finished:
             raise StopIteration
         out: list[RawChange] = []
         if self._epoch_bytes >= self._epoch_budget:
@@ -136,7 +124,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             if release.empty:
                 self._release = None
                 release.done()
-            self._dirty, self._settled, self._idle = True, False, False
+            position.reads_emitted()
+            self._idle = False
             return out
         if self._held:
             items, self._held = self._held, []
@@ -145,14 +134,13 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             self._epoch_bytes += size
         backfills = self._backfills
         received = self._received_by_action
+        marker = position.marker
         for i, item in enumerate(items):
             if type(item) is int:
-                self._lsn = max(self._lsn, item)
-                if self._commit_lsn is not None and item > self._commit_lsn:
-                    self._commit_lsn, self._commit_idx = None, -1  # that transaction is complete
+                marker(item)
             elif type(item) is Signal:
                 # a backfill's watermark: at a high one, the chunk's reads enter the stream here
-                release = backfills.on_signal(item, self._lsn)
+                release = backfills.on_signal(item, position.lsn)
                 if release is not None:
                     self._release, self._held = release, items[i + 1 :]
                     break
@@ -162,15 +150,12 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
                     backfills.observe(item)
                 out.append(item)
                 received[item.action][item.table] += 1
-                self._commit_lsn, self._commit_idx = item.commit_lsn, item.commit_idx
+                # where the emitted position stands (SlotPosition's fields, written here per change)
+                position.commit_lsn, position.commit_idx = item.commit_lsn, item.commit_idx
         for batch in self._received:
             batch.flush()
-        if out:
-            self._dirty, self._settled = True, False
-        elif self._settled and (lsn := self._confirmable(self._lsn)) > max(self._reader.confirmed, self._confirm_after):
-            # Nothing is in flight: the position moved over WAL with nothing to publish
-            # (keepalive walEnd), so it is safe at once, without waiting for an epoch.
-            self._reader.confirm(lsn)
+        if position.batch_end(bool(out), backfills.floor):
+            self._reader.wake()
         self._idle = not out
         return out
 
@@ -180,47 +165,19 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
 
     def snapshot(self) -> SourceState:
         self._pacer.snapshotted(time.time())
-        self._confirm_previous_epoch()
+        position = self._position
+        if position.epoch_complete():
+            self._reader.wake()
         self._epoch_bytes = 0
         if self._budget_reached is not None:
             self._budget_wait.inc(time.monotonic() - self._budget_reached)
             self._budget_reached = None
-        if self._commit_lsn is None:
-            # Only epochs that end between transactions are confirmed: then every change in
-            # JetStream at or after the confirmed LSN came from a later epoch, which is what
-            # the sink's startup check for already-published changes relies on.
-            self._epoch_ends.append(self._lsn)
-            self._unconfirmed = self._confirmable(self._lsn)
-        self._dirty = False
-        return {"lsn": self._lsn, "commit_lsn": self._commit_lsn, "commit_idx": self._commit_idx,
-                "backfills": self._backfills.snapshot()}
+        return {**position.epoch_end(self._backfills.floor), "backfills": self._backfills.snapshot()}
 
     def close(self) -> None:
         self._runtime.unregister(self._reader)
         self._backfills.stop()
         self._reader.stop()
-
-    def _confirmable(self, lsn: int) -> int:
-        """``lsn``, or less while a backfill runs: the slot keeps its newest signal (backfill.py).
-        Then the latest epoch end at or before that signal, never a position inside an epoch
-        (which the sinks' startup scan relies on, see above); 0 if there is none yet."""
-        floor = self._backfills.floor
-        if floor is None:  # lsn is an epoch end, or nothing is in flight: where a backfill's wait may start
-            self._epoch_ends.clear()
-            self._epoch_ends.append(lsn)
-            return lsn
-        ends = self._epoch_ends
-        while len(ends) > 1 and ends[1] <= floor:
-            ends.popleft()
-        return ends[0] if ends and ends[0] <= floor else 0
-
-    def _confirm_previous_epoch(self) -> None:
-        """The previous epoch is complete downstream: its snapshot position is durable."""
-        if self._unconfirmed is not None:
-            if self._unconfirmed > self._confirm_after:  # past what a previous run may have published
-                self._reader.confirm(self._unconfirmed)
-            self._unconfirmed = None
-            self._settled = not self._dirty
 
 
 @dataclass(frozen=True)
@@ -286,12 +243,12 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         state = resume_state or {}
         resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
         metrics = self.runtime.metrics
-        reader = SlotReader(db, self.settings, resume, metrics=metrics)
+        position = SlotPosition(resume, confirm_after=slot.confirm_after, stop_at=slot.stop_at_lsn)
+        reader = SlotReader(db, self.settings, position, metrics=metrics)
         runner = BackfillRunner(db, self.backfill)
         reader.backfill_progress = runner.progress
         admission = Admission.of(slot.sinks, self.backfill, reader.ignored)
         backfills = Backfills(db.slot.name, admission, runner, state.get("backfills"), resume.lsn, metrics=metrics)
         reader.start()
         self.runtime.register(reader)
-        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,
-                             slot.stop_at_lsn, slot.confirm_after)
+        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills)

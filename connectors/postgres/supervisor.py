@@ -1,7 +1,7 @@
 """The slot reader: a thread that runs replication sessions, one after another, until told to stop.
 
-It owns what outlives a session: the byte-bounded buffer the partition drains, the position
-the pipeline confirmed, the heartbeat writer, and the decision what to do when a session
+It owns what outlives a session: the byte-bounded buffer the partition drains, the slot's
+:class:`~connectors.postgres.position.SlotPosition`, the heartbeat writer, and the decision what to do when a session
 ends with an error (:mod:`core.errors`): a fatal one is kept in :attr:`SlotReader.error`
 for the partition to raise; a transient one is retried with capped, jittered backoff,
 resuming exactly after the last change the session handed on. A slot held by someone
@@ -33,8 +33,8 @@ from config.schema import DatabaseConfig, ReplicationSettings
 from connectors.postgres import heartbeat
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
-from connectors.postgres.decoder import ResumePoint
 from connectors.postgres.messages import IgnoredMessages, Reason
+from connectors.postgres.position import SlotPosition
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT, Session
 from connectors.postgres.slot import SlotState
@@ -66,7 +66,7 @@ class SlotReader:
         self,
         db: DatabaseConfig,
         settings: ReplicationSettings,
-        resume: ResumePoint,
+        position: SlotPosition,
         *,
         application_name: str | None = None,
         metrics: Metrics | None = None,
@@ -74,20 +74,20 @@ class SlotReader:
         """``metrics``: the process's (else the reader's own)."""
         self.db = db
         self.settings = settings
-        self.resume = resume
+        #: The slot's positions, shared with the partition that emits what this reader reads.
+        self.position = position
         self.application_name = application_name or f"walflow:{db.slot.name}"
-        self.wake_fd, self._wake_w = os.pipe()
+        self.wake_fd, self.wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
-        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self.wake_w, False)
         self._pipe_open = True
         self._pipe_lock = threading.Lock()
-        self.buffer = ChangeBuffer(settings.buffer_mb * 1024 * 1024, on_room=self._wake)
+        self.buffer = ChangeBuffer(settings.buffer_mb * 1024 * 1024, on_room=self.wake)
         self.metrics = metrics = metrics or Metrics()
         slot = db.slot.name
-        metrics.received_lsn.labels(slot).set_function(lambda: self.received)
+        metrics.received_lsn.labels(slot).set_function(lambda: position.received)
         metrics.track_bound("reader_buffer", lambda: self.buffer.size, self.buffer.max_bytes)
         self._round_trip = metrics.heartbeat_round_trip.labels(slot)
-        self._session: Session | None = None
         self._catch_up = heartbeat.CatchUpLog(slot)
         #: The slot's logical messages that were not acted on: counted and reported here.
         self.ignored = IgnoredMessages(slot, metrics)
@@ -98,7 +98,6 @@ class SlotReader:
         self.connected = False
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"walflow-reader-{db.slot.name}", daemon=True)
-        self._confirmed = resume.lsn
         self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
         self.heartbeat_rtt = 0.0  # its round trip, in seconds
         #: The slot's running backfills and their progress (set by the source).
@@ -124,28 +123,12 @@ class SlotReader:
             "slot": self.db.slot.name,
             "connected": self.connected,
             "error": str(self.error) if self.error else None,
-            "confirmed_lsn": lsn_to_str(self._confirmed),
+            "confirmed_lsn": lsn_to_str(self.position.confirmed),
             "heartbeat_age_s": None if age is None else round(age, 3),
             "heartbeat_rtt_ms": round(self.heartbeat_rtt * 1000, 1),
             "ready": self.connected and self.error is None and fresh,
             "backfills": self.backfill_progress(),
         }
-
-    def confirm(self, lsn: int) -> None:
-        """Everything before ``lsn`` is durable downstream: report it as the flush position."""
-        self._confirmed = max(self._confirmed, lsn)
-        self._wake()
-
-    @property
-    def confirmed(self) -> int:
-        return self._confirmed
-
-    @property
-    def received(self) -> int:
-        """The furthest WAL position received from the walsender (read from any thread)."""
-        session = self._session
-        decoder = None if session is None else session.decoder
-        return self.resume.lsn if decoder is None else decoder.received
 
     @property
     def alive(self) -> bool:
@@ -155,7 +138,7 @@ class SlotReader:
         """Ask the thread to finish: it confirms what it was told, ends COPY and closes."""
         self._heartbeats.stop()
         self.stopping.set()
-        self._wake()
+        self.wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
         elif self._thread.ident is None:
@@ -189,15 +172,16 @@ class SlotReader:
         """The heartbeat thread looked at the slot on the server: metrics, and the catch-up log."""
         self.metrics.slot_sampled(self.db.slot.name, sample.current, sample.confirmed, sample.wal_status,
                                   sample.safe_wal_size)
-        line = self._catch_up.sample(time.monotonic(), sample.current - sample.confirmed, self.received)
+        line = self._catch_up.sample(time.monotonic(), sample.current - sample.confirmed, self.position.received)
         if line is not None:
             log.info("%s", line)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """The confirmed position moved (or the buffer has room, or stop): the session looks again at once."""
         with self._pipe_lock:
             if self._pipe_open:
                 try:
-                    os.write(self._wake_w, b"\0")
+                    os.write(self.wake_w, b"\0")
                 except BlockingIOError:
                     pass  # already woken: the pipe is full
 
@@ -206,7 +190,7 @@ class SlotReader:
             if self._pipe_open:
                 self._pipe_open = False
                 os.close(self.wake_fd)
-                os.close(self._wake_w)
+                os.close(self.wake_w)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -229,7 +213,7 @@ class SlotReader:
         """
         delay = _BACKOFF_MIN
         while not self.stopping.is_set():
-            session = self._session = Session(self.db, self.settings, self.resume, self, self.application_name)
+            session = Session(self.db, self.settings, self, self.application_name)
             started = time.monotonic()
             try:
                 session.run()
@@ -244,7 +228,7 @@ class SlotReader:
                 problem, retry_after = str(exc), None
                 cause = "connection"
             finally:
-                self.resume = session.resume_point()
+                self.position.session_end(session.resume_point())
             self.metrics.reconnects.labels("postgres", cause).inc()
             if time.monotonic() - started > _BACKOFF_RESET:
                 delay = _BACKOFF_MIN

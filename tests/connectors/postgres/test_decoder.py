@@ -15,7 +15,7 @@ Three kinds of checks:
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -40,55 +40,10 @@ from connectors.postgres.protocol import pg_timestamp
 from connectors.postgres.types import Catalog
 from core.events import UNCHANGED_TOAST, OversizedValue, RawChange, RawRow, RawValue, Table
 from tests import pgoutput_reference as ref
+from tests.copydata import ORDERS, TS, FakeCatalog, keepalive, text, transaction, xlog
 from tests.harness import Database, TestNames
 from tests.pgoutput_encode import encode
 from tests.replication import slot_messages
-
-_HEADER = struct.Struct("!cQQq")  # XLogData: 'w', dataStart, walEnd, sendTime
-_TS = 770_000_000_000_000  # a commit time in 2024, in Postgres-epoch microseconds
-
-
-def xlog(message: ref.PgoutputMessage | bytes, lsn: int = 0) -> bytes:
-    """One XLogData CopyData message holding ``message``."""
-    body = message if isinstance(message, bytes) else encode(message)
-    return _HEADER.pack(b"w", lsn, lsn, 0) + body
-
-
-def keepalive(wal_end: int, reply: bool = False) -> bytes:
-    return struct.pack("!cQqB", b"k", wal_end, 0, int(reply))
-
-
-class FakeCatalog:
-    """A catalog without a database: every column loads as text, keys are the flagged columns."""
-
-    def __init__(self) -> None:
-        self.types: list[relations.TypeName] = []
-
-    def type_seen(self, type_name: relations.TypeName) -> None:
-        self.types.append(type_name)
-
-    def describe(self, relation: relations.Relation) -> Table:
-        keys = tuple(c.name for c in relation.columns if c.is_key)
-        return Table(relation.namespace, relation.name, tuple(c.name for c in relation.columns), keys, keys,
-                     tuple(bytes.decode for _ in relation.columns))
-
-    @property
-    def commit_time(self) -> Callable[[bytes], datetime]:
-        return lambda raw: pg_timestamp(int.from_bytes(raw, signed=True))
-
-
-def text(*values: str | None) -> ref.TupleData:
-    return ref.TupleData(bytes(b"n"[0] if v is None else b"t"[0] for v in values),
-                         tuple(None if v is None else v.encode() for v in values))
-
-
-ORDERS = ref.Relation(None, 16400, "public", "orders", "d",
-                      (ref.Column(1, "id", 23, -1), ref.Column(0, "note", 25, -1)))
-
-
-def transaction(commit_lsn: int, end_lsn: int, *changes: ref.PgoutputMessage, xid: int = 7) -> list[bytes]:
-    return [xlog(ref.Begin(commit_lsn, _TS, xid), commit_lsn - 100), *(xlog(c, commit_lsn - 50) for c in changes),
-            xlog(ref.Commit(0, commit_lsn, end_lsn, _TS), commit_lsn)]
 
 
 def run(messages: list[bytes], resume: ResumePoint | None = None) -> tuple[Decoder, list[Item]]:
@@ -114,7 +69,7 @@ def test_a_transaction_is_its_changes_then_its_end() -> None:
     assert (first.action, first.table.qualified, first.new, first.old) == ("insert", "public.orders", (b"1", b"a"), None)
     assert second.new == (b"2", None)
     assert (first.commit_lsn, first.commit_idx, second.commit_idx, first.xid) == (1000, 0, 1, 7)
-    assert first.commit_ts == pg_timestamp(_TS) and first.commit_ts.tzinfo is UTC
+    assert first.commit_ts == pg_timestamp(TS) and first.commit_ts.tzinfo is UTC
     assert end == 1100  # the commit's end: everything before it was handed on
     assert decoder.received == 1000 and decoder.resume_point() == ResumePoint(1100)
 
@@ -133,10 +88,10 @@ def test_keepalives_mark_walend_only_between_transactions() -> None:
     decoder = Decoder(FakeCatalog(), ResumePoint())
     assert decoder.feed(keepalive(500, reply=True)) is True
     decoder.feed(xlog(ORDERS))
-    decoder.feed(xlog(ref.Begin(1000, _TS, 7), 900))
+    decoder.feed(xlog(ref.Begin(1000, TS, 7), 900))
     assert decoder.feed(keepalive(950)) is False  # inside a transaction: no position
     decoder.feed(xlog(ref.Insert(None, 16400, text("1", "a")), 950))
-    decoder.feed(xlog(ref.Commit(0, 1000, 1100, _TS), 1000))
+    decoder.feed(xlog(ref.Commit(0, 1000, 1100, TS), 1000))
     decoder.feed(keepalive(1200))
     decoder.feed(keepalive(1300))  # consecutive markers collapse
     items = decoder.take()[0]
@@ -306,8 +261,8 @@ def test_transaction_annotations_apply_to_the_changes_after_them_until_cleared()
         ([xlog(ORDERS), *transaction(1000, 1100, ref.Insert(None, 16400, text("1")))], "a tuple of 1 columns"),
         ([xlog(ORDERS), *transaction(1000, 1100, ref.Insert(None, 16400, ref.TupleData(b"tb", (b"1", b"2"))))],
          "unexpected tuple data kind b'b'"),
-        ([xlog(ref.Begin(1000, _TS, 7)), xlog(ref.Begin(2000, _TS, 8))], "inside transaction 7"),
-        ([xlog(ref.Begin(1000, _TS, 7)), xlog(ref.Commit(0, 999, 1100, _TS))], "does not end the open transaction"),
+        ([xlog(ref.Begin(1000, TS, 7)), xlog(ref.Begin(2000, TS, 8))], "inside transaction 7"),
+        ([xlog(ref.Begin(1000, TS, 7)), xlog(ref.Commit(0, 999, 1100, TS))], "does not end the open transaction"),
         ([xlog(ORDERS)[:-3]], "malformed message"),
     ],
 )
@@ -415,7 +370,7 @@ def test_an_oversized_row_a_previous_run_emitted_is_skipped_as_any_other() -> No
     reported: list[str] = []
     decoder = Decoder(FakeCatalog(), ResumePoint(900, 1000, 0), max_change=100,
                       on_oversized=lambda change, column, size: reported.append(column))
-    for data in (xlog(NOTES), xlog(ref.Begin(1000, _TS, 7)), message):
+    for data in (xlog(NOTES), xlog(ref.Begin(1000, TS, 7)), message):
         decoder.feed(memoryview(data))
     assert changes(decoder.take()[0]) == [] and reported == []
 
@@ -430,7 +385,7 @@ def feed_big(max_change: int) -> tuple[RawChange, int, list[int]]:
     import tracemalloc
 
     decoder = Decoder(FakeCatalog(), ResumePoint(), max_change=max_change)
-    for data in (xlog(NOTES), xlog(ref.Begin(1000, _TS, 7))):
+    for data in (xlog(NOTES), xlog(ref.Begin(1000, TS, 7))):
         decoder.feed(data)
     message = memoryview(notes_insert("1", BIG, "small"))
     tracemalloc.start()
@@ -461,7 +416,7 @@ def test_a_long_row_under_max_change_is_copied_once() -> None:
 def test_a_malformed_oversized_row_is_refused_as_any_other() -> None:
     message = notes_insert("1", "x" * 300, "y")
     with pytest.raises(DecodeError, match="runs past the end"):
-        sized(100, xlog(ref.Begin(1000, _TS, 7)), message[:-1])
+        sized(100, xlog(ref.Begin(1000, TS, 7)), message[:-1])
 
 
 # -- against the reference decoder, on real WAL --------------------------------------------------------------

@@ -164,9 +164,9 @@ def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Databas
         first = drain(part, lambda out: bool(out))
         state = part.snapshot()  # a batch ends at a commit when it can: this epoch ends cleanly
         assert state["commit_lsn"] is None and state["lsn"] > first[0].commit_lsn
-        assert reader.confirmed < first[0].commit_lsn  # snapshot() alone confirms nothing new
+        assert reader.position.confirmed < first[0].commit_lsn  # snapshot() alone confirms nothing new
         part.next_batch()  # the next epoch's call: the snapshot's position is now confirmed
-        assert reader.confirmed >= state["lsn"]  # (or later: other databases' WAL moves walEnd)
+        assert reader.position.confirmed >= state["lsn"]  # (or later: other databases' WAL moves walEnd)
         wait_for(lambda: _slot_confirmed(orders) >= state["lsn"], timeout=10, what="status update")
         with orders.connect() as conn, conn.transaction():
             for i in range(2, 102):
@@ -176,7 +176,7 @@ def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Databas
         assert inside["commit_lsn"] == got[-1].commit_lsn and inside["lsn"] < inside["commit_lsn"]
         got += [convert(c) for c in part.next_batch()]
         # the epoch ended inside a transaction: nothing inside it is confirmed
-        assert reader.confirmed <= inside["lsn"] < got[-1].commit_lsn
+        assert reader.position.confirmed <= inside["lsn"] < got[-1].commit_lsn
         got += drain(part, lambda out: len(got) + len(out) >= 100)
         assert [c.new["id"] for c in got if c.new] == list(range(2, 102))
         with orders.connect() as conn:
@@ -305,9 +305,9 @@ def test_nothing_up_to_the_replay_horizon_is_confirmed(orders: Database) -> None
         for _ in range(5):  # epochs go by: each snapshot is before the horizon, none is confirmed
             state = part.snapshot()
             part.next_batch()
-        assert state["lsn"] < horizon and part._reader.confirmed < horizon
+        assert state["lsn"] < horizon and part._reader.position.confirmed < horizon
         with orders.connect() as conn:  # WAL moves past the horizon: now the slot may follow
             conn.execute("INSERT INTO unpublished SELECT g FROM generate_series(1, 40000) g")
-        drain(part, lambda out: part.snapshot()["lsn"] > horizon and part._reader.confirmed > horizon)
+        drain(part, lambda out: part.snapshot()["lsn"] > horizon and part._reader.position.confirmed > horizon)
     finally:
         part.close()
