@@ -99,7 +99,15 @@ class Session:
         return self.resume if self.decoder is None else self.decoder.resume_point()
 
     def run(self) -> None:
-        """Stream until the supervisor asks to stop (then confirm, end COPY and return) or an error."""
+        """Stream until the supervisor asks to stop (then confirm, end COPY and return) or an
+        error: a connection that failed or broke (psycopg's ``OperationalError``, anywhere in
+        the session) is a :class:`~core.errors.StreamError`, retried."""
+        try:
+            self._run()
+        except psycopg.OperationalError as exc:
+            raise StreamError(str(exc)) from None
+
+    def _run(self) -> None:
         timeout = self.settings.wal_sender_timeout_ms
         control = self.control
         with psycopg.connect(conninfo(self.db, application_name=self.application_name), autocommit=True) as meta:

@@ -209,7 +209,6 @@ class SlotReader:
         """Run sessions; after a transient error reconnect with capped, jittered backoff.
 
         A FatalError (and anything unexpected) ends the thread: :attr:`error` keeps it.
-        psycopg's OperationalError is a connection that failed or broke: transient.
         """
         delay = _BACKOFF_MIN
         while not self.stopping.is_set():
@@ -224,7 +223,7 @@ class SlotReader:
             except StreamError as exc:
                 problem, retry_after = str(exc), exc.retry_after
                 cause = "connection" if exc.sqlstate is None else "server_error"
-            except (TransientError, psycopg.OperationalError) as exc:
+            except TransientError as exc:
                 problem, retry_after = str(exc), None
                 cause = "connection"
             finally:
