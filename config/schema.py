@@ -561,6 +561,19 @@ class SinkConfig(Section):
     def enabled(self) -> bool:
         return self.status == "active"
 
+    def reads(self, schema: str, qualified: str) -> bool:
+        """Whether the sink's ``source:`` rules and its legacy ``table:`` admit the table
+        ``qualified`` (``schema.table``, names exactly as Postgres stores them): the same rule
+        for its live changes and for the backfills it may be asked for."""
+        source = self.source
+        return (
+            (source.include_schemas is None or schema in source.include_schemas)
+            and schema not in (source.exclude_schemas or ())
+            and (source.include_tables is None or qualified in source.include_tables)
+            and (self.table is None or qualified == self.table)
+            and qualified not in (source.exclude_tables or ())
+        )
+
 
 # -- walflow's own settings ---------------------------------------------------------------
 

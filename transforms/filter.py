@@ -29,7 +29,6 @@ over, and not counted (they were never this sink's).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from config.schema import SinkConfig
 from core.events import RawChange, Table
@@ -38,28 +37,15 @@ from core.metrics import CounterBatch, Metrics
 log = logging.getLogger("walflow.transforms.filter")
 
 
-def _as_set(names: Iterable[str] | None) -> frozenset[str] | None:
-    return None if names is None else frozenset(names)
-
-
 class SinkFilter:
     """``filter`` step of one sink: true for the changes that sink publishes."""
 
     def __init__(self, sink: SinkConfig, metrics: Metrics | None = None) -> None:
         """``metrics``: the process's, which count what the sink drops (else its own)."""
         self._sink = sink.name
+        self._config = sink
         self._database = sink.database
         self._actions = frozenset(sink.actions)
-        source = sink.source
-        self._include_schemas = _as_set(source.include_schemas)
-        self._exclude_schemas = _as_set(source.exclude_schemas) or frozenset()
-        # Every include list must admit the table; the legacy one-table form is one more of them.
-        self._include_tables: list[frozenset[str]] = []
-        if source.include_tables is not None:
-            self._include_tables.append(frozenset(source.include_tables))
-        if sink.table is not None:
-            self._include_tables.append(frozenset([sink.table]))
-        self._exclude_tables = _as_set(source.exclude_tables) or frozenset()
         #: ``schema.table`` -> decision: one entry per table, however many versions come by.
         self._tables: dict[str, bool] = {}
         self._warned_truncates: set[str] = set()
@@ -109,12 +95,7 @@ class SinkFilter:
 
     def admits(self, schema: str, qualified: str) -> bool:
         """:meth:`receives`, uncached: for names that come from anyone (a backfill request)."""
-        return (
-            (self._include_schemas is None or schema in self._include_schemas)
-            and schema not in self._exclude_schemas
-            and all(qualified in names for names in self._include_tables)
-            and qualified not in self._exclude_tables
-        )
+        return self._config.reads(schema, qualified)
 
     def _warn_truncate(self, table: Table) -> None:
         if table.qualified not in self._warned_truncates:
