@@ -67,7 +67,7 @@ from cli.probe import (
 )
 from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
-from connectors.postgres.backfill import _progress_text
+from connectors.postgres.backfill_progress import progress_text
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT
 
@@ -375,7 +375,7 @@ def _backfill(progress: dict[str, Any]) -> str:
     """A running backfill as the pipeline words its progress; as it sent it, from a pipeline of
     another version that words it otherwise."""
     try:
-        return f"backfill {progress['id']} ({progress['state']}): {_progress_text(progress)}"
+        return f"backfill {progress['id']} ({progress['state']}): {progress_text(progress)}"
     except (KeyError, TypeError, ValueError):
         return f"backfill: {json.dumps(progress)}"
 

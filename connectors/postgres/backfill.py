@@ -1,85 +1,49 @@
-"""Backfills: a table's existing rows as ``read`` events, consistent with the live stream.
+"""Backfills, the partition's side: a table's existing rows as ``read`` events, consistent with the stream.
 
-The method is DBLog's watermarks (``shared/reference/postgres-replication.md`` §7.2), with
-the slot as the only store:
+DBLog's watermarks, with the slot as the only store (the README's "Backfills" says why).
+The runner (:mod:`connectors.postgres.backfill_runner`) writes a chunk's **low watermark**
+into the WAL, reads the chunk and writes its **high watermark**. :class:`Backfills`, fed in
+WAL order, notes the key of every change to the chunk's table between the two, and at the
+high watermark emits the chunk's rows as reads (:class:`Release`) but those whose key
+changed in the window: the change, already in the stream, is at least as new.
 
-1. The runner (a thread per table being read) writes a **low watermark** into the WAL,
-   reads the next keyset chunk (:mod:`connectors.postgres.chunks`), keeps its rows, and
-   writes a **high watermark** (:mod:`connectors.postgres.signals`).
-2. The source partition decodes the stream in WAL order. Between a chunk's low and high
-   watermark it notes the key of every change to the chunk's table; at the high
-   watermark it emits the chunk's rows as ``read`` events, except those whose key
-   changed in the window: the change, already in the stream, carries a state at least
-   as new. A row deleted before the ``SELECT`` is not read; one deleted after it has its
-   delete in the window. So for every row, the last event in the stream is its latest
-   state, without a lock, a pause or a long transaction.
-3. Reads enter the stream at the high watermark's place, so they are grouped and ordered
-   with the row's changes by the same group key, and published, acknowledged and
-   confirmed by the same epoch rule.
+It never confirms past the newest ``request`` or ``low`` signal of a running backfill
+(:attr:`Backfills.floor`), and each ``low`` says where its chunk starts: a replay passes it
+and the backfill continues from the last chunk whose reads were durable; with ``-r``,
+:meth:`Backfills.snapshot` holds the same (:class:`BackfillState`).
 
-**Progress and resume.** The partition never confirms a position past the newest
-``request`` or ``low`` signal of a backfill it is running (:attr:`Backfills.floor`), and
-each ``low`` says where its chunk starts. After a crash without ``-r``, the replay from
-the slot's confirmed LSN passes that signal first and the backfill continues from it:
-from the last chunk whose reads were durable, never from the start. With ``-r`` the
-partition's snapshot holds each backfill's position (:meth:`Backfills.snapshot`). A chunk
-read again reads rows that may already be in the stream; their ids name the backfill and
-the row (:meth:`core.ids.IdScheme.encode_read`), so the sink publishes them once.
+A signal starts a backfill only if :func:`~connectors.postgres.signals.decode` takes it
+(well-formed, signed with ``walflow.backfill.secret`` if set) and :class:`Admission` allows it.
 
-**Signals obey the config.** Anyone may write a signal into the slot
-(:mod:`connectors.postgres.messages`): one that is not well-formed (or not signed, with
-``walflow.backfill.secret``) is ignored by :func:`connectors.postgres.signals.decode`, and a
-well-formed one starts a backfill only if :class:`Admission` allows it: an enabled sink of
-this database that reads the table by the same rules as its live changes, with fewer than
-``max_pending`` backfills running or waiting. Whether the table is in the publication is the runner's check (:class:`TableReader`
-refuses it, and the backfill ends with that error).
-
-**Bounds.** A runner reads at most one chunk ahead of what the partition has emitted,
-so each table holds at most two chunks (``walflow.backfill.max_chunk_*``);
-reads count against the epoch budget like changes. At most ``max_concurrent`` tables are
-read at once; the others wait, and write a checkpoint every few seconds so that waiting
-does not hold the slot back.
+Everything it tells the runner or takes from it goes through the runner's
+:class:`~connectors.postgres.backfill_protocol.Handoff`: ``begin``, ``take`` (a chunk's rows at
+its high watermark) and ``settled`` (emitted, dropped, ended); the table a window watches is
+the one the previous chunk was read as, asked once per backfill, and a chunk read as another
+(a reconnect after DDL) is read again.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import sys
-import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, TypedDict
+from typing import TypedDict
 
-import psycopg
-
-from config.schema import BackfillSettings, DatabaseConfig, SinkConfig
+from config.schema import BackfillSettings, SinkConfig
 from connectors.postgres import signals
-from connectors.postgres.chunks import BackfillRefused, Chunk, TableReader, wait_for_commits_in_flight
-from connectors.postgres.connection import conninfo
+from connectors.postgres.backfill_protocol import Handoff
+from connectors.postgres.backfill_runner import BackfillRunner
 from connectors.postgres.decoder import Signal
 from connectors.postgres.messages import BACKFILL, Reason
 from connectors.postgres.signals import BackfillRequest, Cursor, NotASignal, signing_key
-from core.errors import BACKFILL_QUERY, by_sqlstate
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
 from core.metrics import Metrics
 from transforms.filter import SinkFilter
 
-log = logging.getLogger("walflow.backfill")
+__all__ = ["Admission", "BackfillRunner", "BackfillState", "Backfills", "Release"]
 
-#: How often a backfill waiting its turn writes a checkpoint (seconds).
-_CHECKPOINT_EVERY: Final = 5.0
-#: How often progress is logged (seconds); a terminal gets a line every second.
-_LOG_EVERY: Final = 60.0
-_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
-#: A SELECT may take this many times its budget before it is cancelled and the chunk halved.
-_TIMEOUT_FACTOR: Final = 10
-#: Chunks a table may have read and not yet emitted: one being emitted, one read ahead.
-_AHEAD: Final = 2
-_NO_REWIND: Final = object()
+log = logging.getLogger("walflow.backfill")
 
 
 class BackfillState(TypedDict):
@@ -88,342 +52,6 @@ class BackfillState(TypedDict):
     request: dict[str, str | None]
     after: Cursor | None
     rows: int
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A chunk handed over: where it starts, and whether the partition took its rows (then
-    it will emit all of them: a reconnect must not read it again)."""
-
-    start: Cursor | None
-    taken: bool = False
-
-
-@dataclass(slots=True)
-class _Job:
-    """One backfill on the runner's side."""
-
-    request: BackfillRequest
-    after: Cursor | None
-    rows: int
-    estimate: int = 0
-    started: float = field(default_factory=time.monotonic)
-    #: The columns that identify a row (known once the table is described).
-    key_columns: tuple[str, ...] | None = None
-    #: The table its changes are published under: a partition's parent (``Catalog``).
-    published_as: str | None = None
-    #: Chunks handed over whose high watermark the partition has not reached yet, by
-    #: number; ``changed`` is notified as they go.
-    pending: dict[int, _Pending] = field(default_factory=dict)
-    #: The chunk size reached so far: kept across reconnects.
-    limit: int | None = None
-    changed: threading.Condition = field(default_factory=threading.Condition)
-    #: A chunk the partition dropped: where to read again from (``_NO_REWIND``: none).
-    rewind: Cursor | None | object = _NO_REWIND
-    done: bool = False
-    thread: threading.Thread | None = None
-    #: When its progress was last logged.
-    logged_at: float = field(default_factory=time.monotonic)
-
-
-class BackfillRunner:
-    """Reads the tables of running backfills in chunks between watermarks, a thread per table."""
-
-    def __init__(self, db: DatabaseConfig, settings: BackfillSettings, *, progress_line: bool | None = None) -> None:
-        self.db = db
-        self.settings = settings
-        #: Names this run's watermarks: only this run holds the rows of its chunks.
-        self.run_id = uuid.uuid4().hex[:12]
-        self._lock = threading.Lock()
-        self._jobs: dict[str, _Job] = {}
-        self._queue: list[str] = []
-        self._ready: dict[tuple[str, int], Chunk] = {}
-        self._chunk_numbers = itertools.count()
-        self._stopping = threading.Event()
-        self._checkpoints = threading.Thread(target=self._checkpoint_waiting, name="walflow-backfill-queue", daemon=True)
-        self._progress_line = sys.stderr.isatty() if progress_line is None else progress_line
-        #: What every signal this runner writes is signed with (walflow.backfill.secret).
-        self._key = signing_key(settings)
-
-    # -- what the partition calls -----------------------------------------------------------
-
-    def start(self, request: BackfillRequest, after: Cursor | None, rows: int) -> None:
-        """Run ``request`` from ``after`` on (now, or when a table's turn comes)."""
-        with self._lock:
-            if request.id in self._jobs:
-                return
-            self._jobs[request.id] = _Job(request, after, rows)
-            self._queue.append(request.id)
-            self._start_waiting()
-            if not self._checkpoints.is_alive() and not self._stopping.is_set():
-                self._checkpoints.start()
-
-    def take(self, backfill: str, chunk: int) -> Chunk | None:
-        """The rows of this run's chunk ``chunk`` of ``backfill``, at its high watermark: the
-        partition emits every one of them."""
-        with self._lock:
-            found = self._ready.pop((backfill, chunk), None)
-            job = self._jobs.get(backfill)
-        if found is not None and job is not None:
-            with job.changed:
-                if (pending := job.pending.get(chunk)) is not None:
-                    pending.taken = True
-        return found
-
-    def described(self, backfill: str) -> tuple[tuple[str, ...] | None, str | None]:
-        """The key columns of the backfill's table, and the name its changes are published
-        under (a partition's are its parent's): what its windows match changes by."""
-        with self._lock:
-            job = self._jobs.get(backfill)
-            return (None, None) if job is None else (job.key_columns, job.published_as)
-
-    def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
-        """The partition emitted the chunk (or, not ``accepted``, dropped it): the runner
-        may read another one (or that one again)."""
-        with self._lock:
-            job = self._jobs.get(backfill)
-        if job is None:
-            return
-        with job.changed:
-            pending = job.pending.pop(chunk, None)
-            if pending is None:
-                return  # forgotten: the runner reads it again anyway
-            job.rows += rows
-            if not accepted and job.rewind is _NO_REWIND:
-                job.rewind = pending.start
-            job.changed.notify_all()
-
-    def finished(self, backfill: str) -> None:
-        """The partition saw the backfill end: another table may start."""
-        with self._lock:
-            job = self._jobs.pop(backfill, None)
-            if job is not None:
-                with job.changed:
-                    job.done = True
-                    job.changed.notify_all()
-                self._queue = [b for b in self._queue if b != backfill]
-                self._start_waiting()
-
-    def progress(self) -> list[dict[str, object]]:
-        """Each backfill's figures, as ``walflow status`` and the health endpoint show them."""
-        now = time.monotonic()
-        with self._lock:
-            jobs = list(self._jobs.values())
-        out: list[dict[str, object]] = []
-        for job in jobs:
-            elapsed = now - job.started
-            rate = job.rows / elapsed if elapsed > 0 and job.thread is not None else 0.0
-            remaining = max(job.estimate - job.rows, 0)
-            out.append({
-                "id": job.request.id, "sink": job.request.sink, "table": job.request.table,
-                "state": "running" if job.thread is not None else "waiting",
-                "rows": job.rows, "estimate": job.estimate, "rows_per_s": round(rate, 1),
-                "eta_s": round(remaining / rate, 1) if rate > 0 and job.estimate else None,
-            })
-        return out
-
-    def stop(self) -> None:
-        self._stopping.set()
-        with self._lock:
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            with job.changed:
-                job.changed.notify_all()
-        for job in jobs:
-            if job.thread is not None:
-                job.thread.join(5)
-        if self._progress_line:
-            sys.stderr.write("\n")
-
-    # -- the threads ----------------------------------------------------------------------
-
-    def _start_waiting(self) -> None:
-        """Start queued jobs while fewer than ``max_concurrent`` run (under the lock)."""
-        running = sum(1 for j in self._jobs.values() if j.thread is not None)
-        while self._queue and running < self.settings.max_concurrent and not self._stopping.is_set():
-            job = self._jobs[self._queue.pop(0)]
-            job.started = job.logged_at = time.monotonic()
-            job.thread = threading.Thread(target=self._run, args=(job,), name=f"walflow-backfill-{job.request.table}",
-                                          daemon=True)
-            job.thread.start()
-            running += 1
-
-    def _connect(self, purpose: str) -> psycopg.Connection[Any]:
-        timeout = _TIMEOUT_FACTOR * self.settings.query_budget_ms
-        return psycopg.connect(
-            conninfo(self.db, application_name=f"walflow:{self.db.slot.name}:{purpose}",
-                     settings={"statement_timeout": f"{timeout}ms"}),
-            autocommit=True,
-        )
-
-    def _signal(self, kind: signals.Kind, job: _Job, **fields: Any) -> signals.Signal:
-        return signals.Signal(kind, self.db.slot.name, job.request, run=self.run_id, rows=job.rows,
-                              estimate=job.estimate, **fields)
-
-    def _run(self, job: _Job) -> None:
-        """Read ``job``'s table chunk by chunk until its last one is emitted; reconnect after failures."""
-        delay = _BACKOFF_MIN
-        request = job.request
-        log.info("backfill %s of %s for sink %s: starting%s", request.id, request.table, request.sink,
-                 "" if job.after is None else f" where it stopped, after {job.rows:,} row(s)")
-        while not self._stopping.is_set():
-            try:
-                with self._connect("backfill") as conn:
-                    try:
-                        reader = TableReader(conn, self.db.publication.name, request, self.settings, job.limit,
-                                             database=self.db.name)
-                    except BackfillRefused as exc:
-                        self._end(conn, job, str(exc))
-                        return
-                    job.estimate = max(reader.estimate, job.rows)
-                    job.key_columns = reader.key_columns
-                    job.published_as = reader.table.qualified
-                    if self._chunks(conn, job, reader):
-                        return
-            except psycopg.Error as exc:
-                if by_sqlstate(BACKFILL_QUERY, exc.sqlstate, "retry") == "end":
-                    dropped = exc.sqlstate == "42P01"
-                    self._end_after_failure(job, f"table {request.table} was dropped" if dropped
-                                            else str(exc).strip().splitlines()[0])
-                    return
-                self._forget_chunks(job)
-                log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _BACKOFF_MAX)
-            except Exception as exc:
-                # a thread that died silently would hold the slot's floor for ever
-                log.exception("backfill %s of %s failed", request.id, request.table)
-                self._end_after_failure(job, f"walflow failed: {type(exc).__name__}: {exc}")
-                return
-
-    def _chunks(self, conn: psycopg.Connection[Any], job: _Job, reader: TableReader) -> bool:
-        """Chunks until the table's last is emitted; True when done, False to stop.
-
-        One chunk is read ahead: chunk k+1's low watermark is written after chunk k's high
-        one, so the partition, reading in WAL order, never has two windows of a table open
-        at once, and the ``SELECT`` of the next chunk overlaps the emission of this one.
-        """
-        after = job.after
-        while not self._stopping.is_set():
-            with job.changed:
-                job.changed.wait_for(lambda: len(job.pending) < _AHEAD or self._stopping.is_set() or job.done)
-                rewind = job.rewind
-            if rewind is not _NO_REWIND:  # a chunk was dropped: it and those read after it are read again
-                self._forget_chunks(job, rewind)
-                after = job.after
-            if self._stopping.is_set() or job.done:
-                return job.done
-            number = next(self._chunk_numbers)
-            signals.emit(conn, self._signal("low", job, chunk=number, after=after), self._key)
-            wait_for_commits_in_flight(conn, self.settings.query_budget_ms / 1000, self._stopping.wait)
-            started = time.monotonic()
-            try:
-                chunk = reader.read(after)
-            except psycopg.Error as exc:
-                if by_sqlstate(BACKFILL_QUERY, exc.sqlstate, "retry") != "shrink":
-                    raise
-                if reader.limit == 1:  # it will never get faster
-                    self._end(conn, job, f"a chunk of one row ran past the statement timeout "
-                              f"({_TIMEOUT_FACTOR * self.settings.query_budget_ms} ms): index the table's "
-                              f"{job.request.sort_column or 'key'} column, or raise walflow.backfill.query_budget_ms")
-                    return False
-                reader.shrink()
-                job.limit = reader.limit
-                log.info("backfill %s of %s: a chunk ran past the statement timeout; reading %d rows at a time",
-                         job.request.id, job.request.table, reader.limit)
-                continue
-            seconds = time.monotonic() - started
-            last = len(chunk.rows) < reader.limit
-            with self._lock:
-                self._ready[(job.request.id, number)] = chunk
-            with job.changed:
-                job.pending[number] = _Pending(after)
-            signals.emit(conn, self._signal("high", job, chunk=number, after=after, last=last), self._key)
-            reader.adapt(len(chunk.rows), seconds, chunk.memory)
-            job.limit = reader.limit
-            self._report(job)
-            if chunk.end is not None:
-                after = job.after = chunk.end
-            if last:  # done once the partition emitted it (finished() ends the job), unless it dropped it
-                with job.changed:
-                    job.changed.wait_for(lambda: job.done or self._stopping.is_set() or job.rewind is not _NO_REWIND)
-                    if job.done or self._stopping.is_set():
-                        return job.done
-        return False
-
-    def _end(self, conn: psycopg.Connection[Any], job: _Job, error: str) -> None:
-        """Tell the partition (through the slot) that this backfill ends unfinished."""
-        signals.emit(conn, self._signal("high", job, after=job.after, last=True, error=error), self._key)
-
-    def _end_after_failure(self, job: _Job, error: str) -> None:
-        self._forget_chunks(job)
-        delay = _BACKOFF_MIN
-        while not self._stopping.is_set():
-            try:
-                with self._connect("backfill") as conn:
-                    self._end(conn, job, error)
-                    return
-            except psycopg.Error:
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _BACKOFF_MAX)
-
-    def _forget_chunks(self, job: _Job, start: Cursor | None | object = _NO_REWIND) -> None:
-        """Chunks whose high watermark may never come, or that follow a dropped one: the
-        next attempt reads again from ``start``, else from where the oldest of them not taken
-        by the partition began (a taken one is emitted whole: reading it again after a long
-        outage would publish it twice, past the duplicate window)."""
-        with job.changed:
-            if start is _NO_REWIND:
-                not_taken = [n for n, p in job.pending.items() if not p.taken]
-                if not_taken:
-                    start = job.pending[min(not_taken)].start
-            if start is not _NO_REWIND:
-                job.after = start  # type: ignore[assignment]
-            job.pending.clear()
-            job.rewind = _NO_REWIND
-            job.changed.notify_all()
-        with self._lock:
-            for key in [k for k in self._ready if k[0] == job.request.id]:
-                del self._ready[key]
-
-    def _checkpoint_waiting(self) -> None:
-        """Backfills waiting their turn write a checkpoint now and then, so the slot moves on."""
-        conn: psycopg.Connection[Any] | None = None
-        while not self._stopping.wait(_CHECKPOINT_EVERY):
-            with self._lock:  # what each says is taken now: a job that starts meanwhile only moves on from it
-                waiting = [(self._jobs[b], self._jobs[b].after) for b in self._queue if b in self._jobs]
-            if not waiting:
-                continue
-            try:
-                if conn is None or conn.closed:
-                    conn = self._connect("backfill-queue")
-                for job, after in waiting:
-                    signals.emit(conn, self._signal("low", job, after=after), self._key)
-            except psycopg.Error as exc:
-                log.warning("backfill checkpoint not written: %s", str(exc).strip())
-                conn = None
-        if conn is not None:
-            conn.close()
-
-    def _report(self, job: _Job) -> None:
-        now = time.monotonic()
-        if self._progress_line:
-            line = "  ".join(_progress_text(p) for p in self.progress() if p["state"] == "running")
-            sys.stderr.write(f"\r\x1b[Kbackfill {line}")
-            sys.stderr.flush()
-        if now - job.logged_at >= _LOG_EVERY:
-            job.logged_at = now
-            for p in self.progress():
-                if p["id"] == job.request.id:
-                    log.info("backfill %s: %s", job.request.id, _progress_text(p))
-
-
-def _progress_text(p: dict[str, object]) -> str:
-    estimate = p["estimate"]
-    done = f"{p['rows']:,}" + (f"/~{estimate:,}" if estimate else "")
-    eta = f", ETA {p['eta_s']:.0f}s" if p["eta_s"] is not None else ""
-    return f"{p['table']} → {p['sink']}: {done} rows, {p['rows_per_s']:,.0f} rows/s{eta}"
 
 
 @dataclass(slots=True)
@@ -459,8 +87,10 @@ class _Running:
     #: This run's open window: its chunk number, and the keys changed in it.
     window: int | None = None
     changed: set[str] = field(default_factory=set)
+    #: The table its windows watch, as its last chunk was read (at first: as the runner
+    #: described it); the open window matches changes by its key columns and name.
+    table: Table | None = None
     key_columns: tuple[str, ...] | None = None
-    #: The table name the open window matches changes by (:meth:`BackfillRunner.described`).
     window_table: str = ""
     #: Something in the window that no key can name (a truncate, a key column without a
     #: value): the chunk is read again rather than trusted.
@@ -525,6 +155,7 @@ class Backfills:
         self._metrics = metrics or Metrics()
         self._admission = admission
         self._runner = runner
+        self._handoff: Handoff = runner.handoff
         self._running: dict[str, _Running] = {}
         #: Tables with an open window → their backfills (several sinks may read one table).
         self._windows: dict[str, list[_Running]] = {}
@@ -537,7 +168,8 @@ class Backfills:
                 log.warning("%s: dropped", refused.detail)
                 continue
             self._running[request.id] = _Running(request, state["after"], state["rows"], resume_lsn)
-            runner.start(request, state["after"], state["rows"])
+            with self._handoff as ledger:
+                ledger.begin(request, state["after"], state["rows"])
 
     @property
     def floor(self) -> int | None:
@@ -620,12 +252,17 @@ class Backfills:
             log.info("backfill %s of %s for sink %s: resuming after %s row(s)", request.id, request.table,
                      request.sink, f"{signal.rows:,}")
         self._running[request.id] = _Running(request, signal.after, signal.rows, position)
-        self._runner.start(request, signal.after, signal.rows)
+        with self._handoff as ledger:
+            ledger.begin(request, signal.after, signal.rows)
 
     def _open(self, running: _Running, chunk: int) -> None:
         self._close(running)
-        running.key_columns, published_as = self._runner.described(running.request.id)
-        running.window_table = published_as or running.request.table
+        if running.table is None:
+            with self._handoff as ledger:
+                running.table = ledger.described(running.request.id)
+        table = running.table
+        running.key_columns = None if table is None else table.key_columns
+        running.window_table = running.request.table if table is None else table.qualified
         running.window, running.changed, running.doubt = chunk, set(), False
         self._windows.setdefault(running.window_table, []).append(running)
 
@@ -649,17 +286,27 @@ class Backfills:
             return None
         number = signal.chunk
         watched, doubt, changed = running.window == number, running.doubt, running.changed
+        watched_as = (running.window_table, running.key_columns)
         self._close(running)  # changes after the high watermark follow the reads in the stream
         if number is None:
             return None
-        if not watched or doubt or running.rewinding:
-            # not watched from its low watermark on, or a change no key names: its rows cannot be trusted
+        why = None
+        if doubt:
+            why = "a truncate or an unkeyed change in its window"
+        elif not watched or running.rewinding:
+            why = "its window was not watched"
+        with self._handoff as ledger:
+            chunk = None if why else ledger.take(request.id, number)
+            if chunk is not None and (chunk.table.qualified, chunk.table.key_columns) != watched_as:
+                running.table, why = chunk.table, "its table was described anew"
+            if why:
+                ledger.settled(request.id, number, 0, "dropped")
+        if why:
+            # not watched from its low watermark on (or as another table), or a change no key
+            # names: its rows cannot be trusted
             running.rewinding = True
-            log.info("backfill %s of %s: chunk %d is read again (%s)", request.id, request.table, number,
-                     "a truncate or an unkeyed change in its window" if doubt else "its window was not watched")
-            self._runner.emitted(request.id, number, 0, accepted=False)
+            log.info("backfill %s of %s: chunk %d is read again (%s)", request.id, request.table, number, why)
             return None
-        chunk = self._runner.take(request.id, number)
         if chunk is None:
             return None  # its rows are gone (a retried chunk): the runner reads it again
         sink, backfill, table, lsn, ts = request.sink, request.id, chunk.table, item.commit_lsn, item.commit_ts
@@ -681,14 +328,16 @@ class Backfills:
                          f"{running.rows:,}")
                 self._finish(running)
             else:
-                self._runner.emitted(request.id, number, len(reads))
+                with self._handoff as ledger:
+                    ledger.settled(request.id, number, len(reads), "emitted")
 
         return Release(reads, chunk.row_memory, emitted)
 
     def _finish(self, running: _Running) -> None:
         self._close(running)
         self._running.pop(running.request.id, None)
-        self._runner.finished(running.request.id)
+        with self._handoff as ledger:
+            ledger.settled(running.request.id, None, 0, "ended")
 
     def _key_positions(self, table: Table, columns: tuple[str, ...]) -> tuple[int, ...] | None:
         """Where ``columns`` are in ``table``'s rows; None if one is missing. One entry per

@@ -1,7 +1,8 @@
 """The partition's side of backfills (:class:`connectors.postgres.backfill.Backfills`), without servers.
 
-Signals are fed in WAL order as the decoder stages them; the runner is a fake that hands
-out prepared chunks. What is checked: which rows a high watermark releases, where they
+Signals are fed in WAL order as the decoder stages them; the runner's threads are played
+by hand on a real ledger (:mod:`connectors.postgres.backfill_protocol`), which holds the
+chunks they read and what the partition settled. What is checked: which rows a high watermark releases, where they
 stand, how far the slot may be confirmed, what a snapshot and a resume carry, and what is
 ignored (other runs' watermarks, other slots, unknown sinks, duplicate requests).
 """
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from connectors.postgres.backfill import Admission, Backfills, BackfillState
+from connectors.postgres.backfill_protocol import Entry, Handoff, Ledger
 from connectors.postgres.chunks import Chunk
 from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor
@@ -27,29 +29,34 @@ TABLE = Table("public", "orders", ("id", "status"), ("id",), ("id",), (bytes.dec
 REQUEST = BackfillRequest("b1", "app-to-nats", "public.orders")
 
 
-class FakeRunner:
+class _Ledger(Ledger):
+    def begin(self, request: BackfillRequest, after: Cursor | None, rows: int) -> None:
+        super().begin(request, after, rows)
+        self.connected(request.id, TABLE, 0)  # as if its loop connected at once
+
+
+class Runner:
+    """The runner as the partition sees it: its run id and its handoff, no threads."""
+
     run_id = "this-run"
 
     def __init__(self) -> None:
-        self.started: list[tuple[str, Cursor | None, int]] = []
-        self.chunks: dict[tuple[str, int], Chunk] = {}
-        self.emitted_calls: list[tuple[str, int, int, bool]] = []
-        self.finished_calls: list[str] = []
+        self.handoff = Handoff(_Ledger(SLOT, self.run_id, max_concurrent=8))
+        with self.handoff as ledger:
+            self.ledger = ledger  # one thread here: the tests look at it directly
 
-    def start(self, request: BackfillRequest, after: Cursor | None, rows: int) -> None:
-        self.started.append((request.id, after, rows))
+    def hand(self, number: int, rows: Chunk, *, after: Cursor | None = None, last: bool = False,
+             backfill: BackfillRequest = REQUEST) -> None:
+        """What a table's loop does between chunk ``number``'s watermarks: its rows wait for the partition."""
+        self.ledger.read(Watermark("low", SLOT, backfill, run=self.run_id, chunk=number, after=after), rows, last)
 
-    def take(self, backfill: str, chunk: int) -> Chunk | None:
-        return self.chunks.pop((backfill, chunk), None)
+    @property
+    def started(self) -> list[tuple[str, Cursor | None, int]]:
+        return [(e.request.id, e.after, e.rows) for e in self.ledger.entries()]
 
-    def described(self, backfill: str) -> tuple[tuple[str, ...], str | None]:
-        return ("id",), None
-
-    def emitted(self, backfill: str, chunk: int, rows: int, *, accepted: bool = True) -> None:
-        self.emitted_calls.append((backfill, chunk, rows, accepted))
-
-    def finished(self, backfill: str) -> None:
-        self.finished_calls.append(backfill)
+    def entry(self, backfill: str = "b1") -> Entry:
+        (found,) = [e for e in self.ledger.entries() if e.request.id == backfill]
+        return found
 
     def stop(self) -> None:
         pass
@@ -89,14 +96,23 @@ def feed(backfills: Backfills, item: Signal, position: int, out: list[RawChange]
     return release.row_memory * len(reads)
 
 
-def make(runner: FakeRunner, resume: list[BackfillState] | None = None, **admission: Any) -> Backfills:
+def make(runner: Runner, resume: list[BackfillState] | None = None, **admission: Any) -> Backfills:
     rules = Admission({"app-to-nats": SinkFilter(make_sink(source={"exclude_tables": ["public.secrets"]}))},
                       **admission)
     return Backfills(SLOT, rules, runner, resume, resume_lsn=50)  # type: ignore[arg-type]
 
 
+def requested() -> tuple[Runner, Backfills, list[RawChange]]:
+    """A runner, the partition's side with backfill b1 requested at 100, and what it emits."""
+    runner = Runner()
+    backfills = make(runner)
+    out: list[RawChange] = []
+    feed(backfills, signal("request", run=None), 100, out)
+    return runner, backfills, out
+
+
 def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_window() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
@@ -106,35 +122,35 @@ def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_wind
     backfills.observe(change("update", "2"))
     backfills.observe(change("delete", "3"))
     backfills.observe(change("insert", "9", table="customers"))  # another table: no effect
-    runner.chunks[("b1", 0)] = chunk(1, 2, 3, 4)
+    runner.hand(0, chunk(1, 2, 3, 4))
     size = feed(backfills, signal("high", number=0, lsn=5000), 300, out)
     assert [(c.action, c.new, c.commit_lsn, c.commit_idx) for c in out] == [
         ("read", (b"1", b"new"), 5000, 1), ("read", (b"4", b"new"), 5000, 2)]
     assert [c.read for c in out] == [("app-to-nats", "b1", '["1"]'), ("app-to-nats", "b1", '["4"]')]
     assert size == 200 and not backfills.watching
-    assert runner.emitted_calls == [("b1", 0, 2, True)]
+    assert runner.entry().rows == 2 and runner.entry().starts == {}  # settled: the runner may read on
     assert backfills.snapshot() == [{"request": {"id": "b1", "sink": "app-to-nats", "table": "public.orders",
                                                  "sort_column": None, "start_position": None},
                                      "after": ["4"], "rows": 2}]
 
 
 def test_the_last_chunk_ends_the_backfill_and_lifts_the_floor() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
     feed(backfills, signal("low", number=7), 200, out)
-    runner.chunks[("b1", 7)] = chunk(1)
+    runner.hand(7, chunk(1))
     feed(backfills, signal("high", number=7, last=True), 300, out)
     assert len(out) == 1 and backfills.floor is None and backfills.snapshot() == []
-    assert runner.finished_calls == ["b1"] and runner.emitted_calls == []
+    assert runner.started == []  # ended: another table may start
     # this run's signals of a backfill that ended are not a new backfill
     feed(backfills, signal("low", number=8), 400, out)
-    assert runner.started == [("b1", None, 0)] and backfills.floor is None
+    assert runner.started == [] and backfills.floor is None
 
 
 def test_an_earlier_runs_watermark_resumes_the_backfill_from_its_start_position() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("low", run="dead-run", number=3, after=["500"], rows=500), 100, out)
@@ -147,7 +163,7 @@ def test_an_earlier_runs_watermark_resumes_the_backfill_from_its_start_position(
 
 
 def test_a_snapshot_resumes_where_it_stood_and_ignores_the_replayed_watermarks() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     state: BackfillState = {"request": {"id": "b1", "sink": "app-to-nats", "table": "public.orders",
                                         "sort_column": None, "start_position": None}, "after": ["42"], "rows": 42}
     backfills = make(runner, [state])
@@ -158,27 +174,48 @@ def test_a_snapshot_resumes_where_it_stood_and_ignores_the_replayed_watermarks()
 
 
 def test_a_chunk_it_cannot_trust_is_dropped_and_so_are_those_read_ahead_until_the_runner_starts_again() -> None:
-    runner = FakeRunner()
-    backfills = make(runner)
-    out: list[RawChange] = []
-    feed(backfills, signal("request", run=None), 100, out)
+    runner, backfills, out = requested()
     feed(backfills, signal("low", number=1), 200, out)
-    runner.chunks[("b1", 0)] = chunk(1)
+    runner.hand(0, chunk(1))
     feed(backfills, signal("high", number=0), 300, out)  # its low watermark was not seen
-    assert out == [] and runner.emitted_calls == [("b1", 0, 0, False)] and ("b1", 0) in runner.chunks
-    feed(backfills, signal("low", number=2, after=["1"]), 310, out)  # read ahead, before the runner rewound
-    runner.chunks[("b1", 2)] = chunk(2)
+    assert out == [] and runner.entry().dropped and runner.entry().dropped_at is None
+    assert runner.entry().untaken == {}  # its rows are let go at once
+    runner.hand(2, chunk(2), after=["1"])  # read ahead, before the runner rewound
     feed(backfills, signal("high", number=2, after=["1"]), 320, out)
-    assert out == [] and runner.emitted_calls[-1] == ("b1", 2, 0, False)
-    feed(backfills, signal("low", number=3, after=None), 330, out)  # again from where the stream stands
-    runner.chunks[("b1", 3)] = chunk(1, 2)
-    feed(backfills, signal("high", number=3), 340, out)
+    assert out == [] and runner.entry().starts == {}
+    low = runner.ledger.next_read("b1")  # again from where the stream stands
+    assert isinstance(low, Watermark) and low.after is None
+    feed(backfills, Signal(330, TS, low.encode().encode()), 330, out)
+    high = runner.ledger.read(low, chunk(1, 2), last=False)
+    feed(backfills, Signal(340, TS, high.encode().encode()), 340, out)
     assert [c.new for c in out] == [(b"1", b"new"), (b"2", b"new")]
+
+
+def test_a_chunk_read_as_another_table_than_its_window_watched_is_read_again() -> None:
+    """The window watches the table as the previous chunk was read; a reconnect may describe
+    it anew (DDL): a chunk read so is dropped, and the next window watches the new table."""
+    runner, backfills, out = requested()
+    runner.hand(0, chunk(1))  # read between the watermarks below
+    feed(backfills, signal("low", number=0), 200, out)
+    feed(backfills, signal("high", number=0), 210, out)
+    assert len(out) == 1
+    renamed = Table("public", "orders_v2", ("id", "status"), ("id",), ("id",), (bytes.decode, bytes.decode))
+    feed(backfills, signal("low", number=1, after=["1"]), 300, out)
+    backfills.observe(change("update", "2", table="orders_v2"))  # not watched: the window is on orders
+    runner.hand(1, Chunk(renamed, [(b"2", b"new")], [row_key([b"2"])], 100, ["2"]), after=["1"])
+    feed(backfills, signal("high", number=1, after=["1"]), 310, out)
+    assert len(out) == 1 and runner.entry().dropped and runner.entry().dropped_at == ["1"]
+    feed(backfills, signal("low", number=2, after=["1"]), 400, out)
+    backfills.observe(change("update", "2", table="orders_v2"))
+    runner.hand(2, Chunk(renamed, [(b"2", b"new"), (b"3", b"new")], [row_key([b"2"]), row_key([b"3"])], 100,
+                         ["3"]), after=["1"])
+    feed(backfills, signal("high", number=2, after=["1"]), 410, out)
+    assert [c.new for c in out[1:]] == [(b"3", b"new")]
 
 
 @pytest.mark.parametrize("what", ["truncate", "unknown key"])
 def test_a_truncate_or_a_change_without_a_key_in_the_window_has_the_chunk_read_again(what: str) -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
@@ -187,26 +224,26 @@ def test_a_truncate_or_a_change_without_a_key_in_the_window_has_the_chunk_read_a
         backfills.observe(raw_change("truncate", new=None))
     else:  # an untouched TOASTed key value that no row of the change holds
         backfills.observe(raw_change("update", new={"id": UNCHANGED_TOAST, "status": b"x"}))
-    runner.chunks[("b1", 0)] = chunk(1)
+    runner.hand(0, chunk(1))
     feed(backfills, signal("high", number=0), 300, out)
-    assert out == [] and runner.emitted_calls == [("b1", 0, 0, False)]
+    assert out == [] and runner.entry().dropped
 
 
 def test_an_untouched_toasted_key_is_taken_from_the_old_row() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
     feed(backfills, signal("low", number=0), 200, out)
     backfills.observe(raw_change("update", new={"id": UNCHANGED_TOAST, "status": b"x"},
                                  old={"id": b"1", "status": b"y"}))
-    runner.chunks[("b1", 0)] = chunk(1, 2)
+    runner.hand(0, chunk(1, 2))
     feed(backfills, signal("high", number=0), 300, out)
     assert [c.new for c in out] == [(b"2", b"new")]
 
 
 def test_ignored_signals() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None, slot="someone_else"), 100, out)
@@ -221,33 +258,33 @@ def test_ignored_signals() -> None:
 
 
 def test_an_error_ends_the_backfill_without_rows() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
     feed(backfills, signal("high", last=True, error="table public.orders was dropped"), 200, out)
-    assert out == [] and runner.finished_calls == ["b1"] and backfills.floor is None
+    assert out == [] and runner.started == [] and backfills.floor is None
 
 
 def test_a_chunk_counts_as_emitted_only_once_all_its_reads_are_out() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     backfills = make(runner)
     out: list[RawChange] = []
     feed(backfills, signal("request", run=None), 100, out)
     feed(backfills, signal("low", number=0), 200, out)
-    runner.chunks[("b1", 0)] = chunk(1, 2, 3)
+    runner.hand(0, chunk(1, 2, 3))
     release = backfills.on_signal(signal("high", number=0), 300)
     assert release is not None and len(release.take(2)) == 2 and not release.empty
-    assert backfills.snapshot()[0]["after"] is None and runner.emitted_calls == []  # a resume reads it again
+    assert backfills.snapshot()[0]["after"] is None and 0 in runner.entry().starts  # a resume reads it again
     assert len(release.take(2)) == 1 and release.empty
     release.done()
-    assert backfills.snapshot()[0]["after"] == ["3"] and runner.emitted_calls == [("b1", 0, 3, True)]
+    assert backfills.snapshot()[0]["after"] == ["3"] and runner.entry().rows == 3 and not runner.entry().starts
 
 
 def test_a_request_runs_only_as_the_config_allows() -> None:
     """Anyone may write a request: a sink the config lacks, a table the sink does not read and
     requests past max_pending are refused and reported, never started."""
-    runner = FakeRunner()
+    runner = Runner()
     reported: list[tuple[str, str]] = []
     backfills = make(runner, max_pending=2, report=lambda prefix, reason, _: reported.append((prefix, reason)))
     out: list[RawChange] = []
@@ -263,7 +300,7 @@ def test_a_request_runs_only_as_the_config_allows() -> None:
 
 
 def test_with_a_key_an_unsigned_signal_is_reported_and_not_acted_on() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     reported: list[str] = []
     backfills = make(runner, key=b"key", report=lambda prefix, reason, _: reported.append(reason))
     feed(backfills, signal("request", run=None), 100, [])
@@ -275,7 +312,7 @@ def test_with_a_key_an_unsigned_signal_is_reported_and_not_acted_on() -> None:
 
 
 def test_a_snapshots_backfill_the_config_no_longer_allows_is_dropped() -> None:
-    runner = FakeRunner()
+    runner = Runner()
     state: BackfillState = {"request": {"id": "b9", "sink": "app-to-nats", "table": "public.secrets",
                                         "sort_column": None, "start_position": None}, "after": None, "rows": 0}
     backfills = make(runner, [state])
