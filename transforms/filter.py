@@ -90,12 +90,8 @@ class SinkFilter:
         table: only for tables whose changes come from the slot)."""
         decision = self._tables.get(qualified)
         if decision is None:
-            decision = self._tables[qualified] = self.admits(schema, qualified)
+            decision = self._tables[qualified] = self._config.reads(schema, qualified)
         return decision
-
-    def admits(self, schema: str, qualified: str) -> bool:
-        """:meth:`receives`, uncached: for names that come from anyone (a backfill request)."""
-        return self._config.reads(schema, qualified)
 
     def _warn_truncate(self, table: Table) -> None:
         if table.qualified not in self._warned_truncates:

@@ -39,7 +39,6 @@ from connectors.postgres.signals import BackfillRequest, Cursor, NotASignal, sig
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
 from core.ids import row_key
 from core.metrics import Metrics
-from transforms.filter import SinkFilter
 
 __all__ = ["Admission", "BackfillRunner", "BackfillState", "Backfills", "Release"]
 
@@ -116,8 +115,8 @@ class Admission:
     :class:`~connectors.postgres.messages.IgnoredMessages`) and never read.
     """
 
-    #: The sinks a backfill may be for, by name: their table rules.
-    sinks: Mapping[str, SinkFilter]
+    #: The sinks a backfill may be for, by name: their table rules (:meth:`SinkConfig.reads`).
+    sinks: Mapping[str, SinkConfig]
     #: Signals must be signed with this key (walflow.backfill.secret), if set.
     key: bytes | None = None
     max_pending: int = BackfillSettings().max_pending
@@ -126,15 +125,15 @@ class Admission:
     @classmethod
     def of(cls, sinks: Iterable[SinkConfig], settings: BackfillSettings,
            report: Callable[[str, Reason, str], None] = _unreported) -> Admission:
-        return cls({s.name: SinkFilter(s) for s in sinks}, signing_key(settings), settings.max_pending, report)
+        return cls({s.name: s for s in sinks}, signing_key(settings), settings.max_pending, report)
 
     def refusal(self, request: BackfillRequest, pending: Iterable[BackfillRequest]) -> NotASignal | None:
         """Why ``request`` may not run beside the backfills ``pending`` (None: it may)."""
-        rules = self.sinks.get(request.sink)
-        if rules is None:
+        sink = self.sinks.get(request.sink)
+        if sink is None:
             return NotASignal("refused", f"backfill {request.id}: no enabled sink {request.sink!r} reads this database")
         schema, dot, _ = request.table.partition(".")
-        if not dot or not rules.admits(schema, request.table):
+        if not dot or not sink.reads(schema, request.table):
             return NotASignal("refused", f"backfill {request.id}: sink {request.sink} does not read {request.table!r} "
                                          "(its source: and table:)")
         same = sum(1 for p in pending if p.sink == request.sink)

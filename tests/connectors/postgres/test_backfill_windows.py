@@ -22,7 +22,6 @@ from connectors.postgres.signals import Signal as Watermark
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, Table
 from core.ids import row_key
 from tests.transforms.samples import TS, make_sink, raw_change
-from transforms.filter import SinkFilter
 
 SLOT = "wf_slot"
 TABLE = Table("public", "orders", ("id", "status"), ("id",), ("id",), (bytes.decode, bytes.decode))
@@ -97,7 +96,7 @@ def feed(backfills: Backfills, item: Signal, position: int, out: list[RawChange]
 
 
 def make(runner: Runner, resume: list[BackfillState] | None = None, **admission: Any) -> Backfills:
-    rules = Admission({"app-to-nats": SinkFilter(make_sink(source={"exclude_tables": ["public.secrets"]}))},
+    rules = Admission({"app-to-nats": make_sink(source={"exclude_tables": ["public.secrets"]})},
                       **admission)
     return Backfills(SLOT, rules, runner, resume, resume_lsn=50)  # type: ignore[arg-type]
 
