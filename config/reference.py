@@ -3,31 +3,19 @@
 ``python -m config.reference`` writes it; ``tests/config/test_reference.py`` fails when the
 file differs from what the schema generates now, so it cannot go stale.
 
-Everything it says comes from ``config/schema.py`` itself, so a new key is documented by
-the one line (and comment) that adds it:
+Everything it says comes from ``config/schema.py`` itself, so a new key is documented by the
+one line (and comment) that adds it: sections, keys, types, constraints, allowed values and
+defaults from :class:`~config.schema.Config`'s models and pydantic's field information; a key's
+description from ``Field(description=…)``, else the ``#:`` comment above it (read with
+:mod:`ast`), then the ``#:`` comment of each type alias it is declared with; each model's
+``ignored`` and ``replaced`` mappings, its validators' plain ``raise ValueError("…")`` rules
+and docstrings; and what is refused, by loading each entry of :data:`REFUSED` and quoting the
+loader's error.
 
-- sections and keys by walking :class:`~config.schema.Config`'s models, their types,
-  constraints, allowed values and defaults from pydantic's field information;
-- a key's description from ``Field(description=…)`` when given, else from the ``#:``
-  comment above it in the source (the schema's convention, Sphinx's too), then the ``#:``
-  comment of each type alias it is declared with (``NoneWord``, ``ToastPolicy``). The
-  comments are read with :mod:`ast` from the module's source rather than moved into
-  ``Field(…)``: the schema stays as it is written and read, and a comment is found by the
-  line of the field it sits above, which no reformatting of the field itself can break;
-- a key holding one of several models (``routing: {subject: …}`` or ``{python: …}``) gives
-  a section per model, titled by the model's ``form``; a mapping of models
-  (``columns.mask``) a section at ``mask.<column>``, named by the parent's ``keyed_by``;
-- each model's ``ignored`` and ``replaced`` mappings, the messages of its validators'
-  plain ``raise ValueError("…")`` rules, and their docstrings (the other Sequin spellings
-  a validator maps);
-- what is refused, by loading each entry of :data:`REFUSED` and quoting the error the
-  loader gives.
-
-The examples (:data:`EXAMPLES`) are the only text written here: each is loaded in place of
-its section of a minimal config (the whole list, for a section of a list; the whole mapping,
-for one of a mapping), with the example's other keys merged in (a sink beside a
-``functions:`` example, ``walflow.mask_secret`` beside a mask), and generation fails if one
-does not load or warns.
+The examples (:data:`EXAMPLES`) are the only text written here: each is loaded in place of its
+section of a minimal config, and generation fails if one does not load or warns. How the
+sections of a union or a mapping of models are titled, and why comments are read from the
+source: ``docs/design.md``, *config/reference.py*.
 """
 
 from __future__ import annotations

@@ -1,43 +1,26 @@
 """When a source partition asks Bytewax 0.21.1 to poll it again, so that it never spins.
 
-Each activation of a partitioned input (``src/inputs.rs:415-530`` in v0.21.1) runs, per
-partition: if the probe has reached the partition's epoch and its ``next_awake`` is due,
-``next_batch`` then ``next_awake``; then, if the epoch's interval has elapsed since the
-epoch started (the activation's start time at the previous snapshot), ``snapshot`` and
-the move to the next epoch. The activation ends by asking to run again at the earliest
-``next_awake`` (``:540-549``), at once if that time has passed.
+After a snapshot moves the partition to its next epoch, Bytewax does not call it until
+everything downstream has finished the previous epoch, and once the ``next_awake`` it returned
+before the snapshot has passed, the worker busy-loops in Rust (no GIL) until then: up to a
+core, in a cluster or with ``-w 2``. :class:`EpochPacer` prevents that without knowing the
+probe:
 
-After a move to epoch e+1 the probe is behind e+1 until everything downstream finished
-epoch e; meanwhile the partition is not called, so the ``next_awake`` it returned just
-*before* the snapshot stays in force. Once that time passes, the operator asks to run again
-at once on every worker step: the worker thread busy-loops in Rust (no GIL) until the
-probe catches up. With the partition's default (``None`` after a non-empty batch, a few
-milliseconds when idle) that is the whole wait; in a cluster, or with ``-w 2`` when the
-sink partitions that are slow to finish an epoch are on other workers, a core.
+- ``snapshotted`` schedules the epoch's end (``boundary = now + interval``); polls stop in the
+  last ``guard`` before it, and the pacer asks to be woken at it.
+- In the activation that starts at or after the boundary (``polled`` sees it), ``next_awake``
+  returns ``now + hold``: the snapshot follows in that activation, and the partition is not
+  polled, nor spinning, for ``hold``.
+- The hold adapts to the wait it covers, up to ``max_hold``; the interval is learned when not
+  given (Bytewax's ``-s``). Until it is known, and after a snapshot the pacer did not foresee,
+  the epoch is not paced.
 
-:class:`EpochPacer` prevents it without knowing the probe:
-
-- **The epoch's end is scheduled.** ``snapshotted`` records ``boundary = now + interval``.
-  Bytewax's own epoch started at the beginning of that same activation, earlier, so an
-  activation that starts at or after ``boundary`` certainly ends the epoch. The pacer
-  stops polls in the last ``guard`` before the boundary and asks to be woken at it.
-- **At the boundary it holds.** In the activation that starts at or after the boundary
-  (``polled`` sees it), ``next_awake`` returns ``now + hold``: the snapshot follows in the
-  same activation, and the partition is not polled (nor spinning) for ``hold``.
-- **The hold adapts to the wait.** The first ``polled`` after a snapshot shows how long
-  the wait lasted when it outlasted the hold (the spin polls the moment the probe
-  passes): the next hold is that wait plus 2 ms, up to ``max_hold``. When it did not, the
-  wait was shorter than the hold, by an unknown amount, and the hold shrinks by a quarter.
-  What this costs: when the hold outlasts the wait, items that arrive in between wait for
-  the rest of it, once per epoch; and up to ``guard`` before each boundary.
-- **The interval is learned** when not given: the shortest time between two snapshots
-  (Bytewax snapshots at the first activation past the interval). Until the second
-  snapshot, and after any ``snapshotted`` the pacer did not foresee (a wrong interval, an
-  activation that ran long), the epoch is not paced; a hold that no snapshot followed
-  lengthens the interval.
+The cost: items that arrive during a hold that outlasts the wait wait for the rest of it, once
+per epoch, and for up to ``guard`` before each boundary.
 
 Sans-IO: every method takes the current wall-clock time (``time.time()``: Bytewax compares
-``Utc::now()``), so it is tested without an engine.
+``Utc::now()``), so it is tested without an engine. How Bytewax schedules a partitioned input,
+and the hold's rules in full: ``docs/design.md``, *core/pacing.py*.
 """
 
 from __future__ import annotations

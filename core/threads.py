@@ -1,35 +1,25 @@
 """One Python thread state per engine worker thread, kept for the thread's lifetime.
 
-Bytewax 0.21.1 (PyO3 0.21) runs each dataflow worker on a thread the engine starts
-(every worker of ``-w N`` with N > 1, and every worker of an ``-i/-a`` cluster process;
-``-w 1`` alone runs on the main thread). Every callback takes the GIL with
-``PyGILState_Ensure`` and gives it back with ``PyGILState_Release``. With no outer
-acquisition on that thread, the release drops the thread state's nesting counter to zero
-and CPython destroys the thread state; the next callback builds a new one, with a fresh
-frame stack (mmap/munmap) and empty ``threading.local`` storage. Several calls are made
-per item (a ``FixedPartitionedSink``'s ``part_fn``, the key wrap after a stateful step,
-pickling across processes), so this happens per item.
-
-:func:`keep_thread_state` takes one extra ``PyGILState_Ensure`` on the calling thread and
-never releases it (CPython gh-146219 documents the pattern): the counter never drops to
-zero again, so every later acquisition on the thread reuses the same thread state. Call it
-from code Bytewax runs on each worker thread while it builds the dataflow: the
-``list_parts`` of a ``FixedPartitionedSource`` or ``FixedPartitionedSink`` (called once
-on every worker) and, to be safe, ``build_part``.
+On the threads Bytewax 0.21.1 starts for its workers (every worker of ``-w N`` with N > 1 and
+of an ``-i/-a`` cluster process), every callback without an outer GIL acquisition builds and
+destroys a Python thread state, several times per item: the cost dominates a multi-worker run.
+:func:`keep_thread_state` takes one extra ``PyGILState_Ensure`` on the calling thread and never
+releases it, so every later acquisition on the thread reuses the same thread state. Call it
+from code Bytewax runs on each worker thread while it builds the dataflow: the ``list_parts``
+of a ``FixedPartitionedSource`` or ``FixedPartitionedSink`` and, to be safe, ``build_part``.
 
 The contract and its limits:
 
-- Idempotent per thread: the marker is a ``threading.local``, which lives exactly as long
-  as the thread state it pins, so a later thread that reuses the native id is not
-  mistaken for a pinned one.
-- A no-op on the main thread (its thread state is never destroyed) and while the
-  interpreter finalizes.
-- On a thread started by :mod:`threading` it is harmless but useless: that thread deletes
-  its thread state on exit whatever the counter says.
-- The pinned thread state outlives the engine thread: when the worker thread ends, its
-  thread state (a few KiB) stays in the interpreter's list until finalization, which
-  clears it with every other. A process that runs many dataflows in turn (tests) keeps one
-  per worker thread per run. Its ``threading.local`` values stay alive with it.
+- Idempotent per thread: the marker is a ``threading.local``, which lives exactly as long as
+  the thread state it pins, so a later thread that reuses the native id is not mistaken for a
+  pinned one.
+- A no-op on the main thread (its thread state is never destroyed) and while the interpreter
+  finalizes.
+- On a thread started by :mod:`threading` it is harmless but useless: that thread deletes its
+  thread state on exit whatever the counter says.
+- The pinned thread state (a few KiB, and its ``threading.local`` values) outlives the engine
+  thread until finalization: a process that runs many dataflows in turn keeps one per worker
+  thread per run. Why, and what it measured: ``docs/design.md``, *core/threads.py*.
 """
 
 from __future__ import annotations

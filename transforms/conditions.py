@@ -1,81 +1,28 @@
 """Row filters: whether a change is published, by ``where`` conditions and by Sequin's column filters.
 
-A :class:`RowFilter` is built once per table version (``transforms/shape.py``), so it checks
-every column a condition names against the table's columns — a misspelt column would
-otherwise filter out every row, silently — and precompiles what it can (regular
-expressions, each literal in the forms a value may need). Per change it runs one closure
-per condition; a change is published when all of them hold.
+A :class:`RowFilter` is built once per table version (``transforms/shape.py``): it checks every
+column a condition names against the table's columns (a misspelt column would otherwise filter
+out every row, silently) and precompiles what it can (regular expressions, each literal in the
+forms a value may need). Per change it runs one closure per condition; a change is published
+when all of them hold.
 
-Both kinds see the row as the database has it, before ``columns:`` leaves out, renames or
-masks anything: ``record`` and ``changes`` as ``transforms/record.py`` makes them, and the
-change's old row.
+The contract:
 
-**Conditions** (``where``, :class:`config.shaping.Condition`):
+- Both kinds see the row as the database has it, before ``columns:`` leaves out, renames or
+  masks anything: ``record`` and ``changes`` as ``transforms/record.py`` makes them, and the
+  change's old row.
+- **Unknown makes every operator false** (a column the row does not hold, ``UNCHANGED_TOAST``,
+  a value too large to publish, ``old:`` without an old row), and so does a comparison that
+  cannot be made (ordering against NULL, a literal that does not read as the value's type).
+- **A literal is read as the value's type**; ``matches`` is an RE2 search on the value's text
+  (:func:`transforms.columns.value_text`), linear in the text whatever the pattern.
+- **Sequin's column filters** (``filters``) run as Sequin's ``column_filters_match_message?``,
+  their literal cast as Sequin casts it: one Sequin refuses to load is a FatalError here.
+- A ``path``/``field_path`` into a json value held as its text (:class:`core.events.JsonText`)
+  raises :class:`RowFilterError`; the change then follows the sink's ``on_error``.
 
-- The value is ``record[column]``; with ``old: true`` the row before the change: an update's
-  old row (when Postgres sent it: REPLICA IDENTITY FULL, or a key-only old row when the key
-  changed), a delete's row. ``path`` reaches into a JSON object by dot-separated keys; a key
-  that is missing, or a step into something that is not an object, gives NULL. A json value
-  held as its text (:class:`core.events.JsonText`: nested deeper than Python's values are
-  held, a number beyond a double) cannot be looked into: a ``path`` on one raises
-  :class:`RowFilterError`, and the change follows the sink's ``on_error`` (NULL would be a
-  wrong answer, not an unknown one). Without a path, it compares and matches as its text.
-- **Unknown makes every operator false**: a column the row does not hold (a key-only old
-  row, a TOASTed column left out by the TOAST policy), ``UNCHANGED_TOAST``, a value too large
-  to publish (``core/sizes.py``), ``old:`` for an insert or read, or for an update without an
-  old row.
-- **The literal is read as the value's type**: numbers numerically across int, float and
-  numeric (a float through its shortest text, so ``12.5`` is numeric ``12.5``, not the binary
-  fraction); a timestamp with an ISO 8601 text (``Z`` is UTC; a naive side is read as UTC
-  against an aware one); a date, a time, a uuid (any form ``uuid.UUID`` reads; else by
-  text) and a boolean (``true``/``false`` texts too) likewise; a text with the literal's
-  text (``7`` is ``"7"``); a JSON object or array with a literal of its kind; anything else
-  by text. A comparison that cannot be made is false: ordering against NULL, a literal that
-  does not read as the value's type (``ne`` included). ``eq: null`` is ``is_null: true``;
-  ``ne`` on NULL holds unless the literal is null. ``in`` holds when some element is ``eq``,
-  ``not_in`` when none is.
-- ``matches``: an RE2 search (:func:`config.shaping.matches_pattern`, compiled once per
-  process at config load) on the value's text (:func:`transforms.columns.value_text`), as
-  UTF-8: time linear in the text whatever the pattern (Python's ``re`` backtracks
-  exponentially on ``(a+)+$``). About 2 µs per evaluation.
-- ``changed``: an update whose old row Postgres sent changed the column (it is in
-  ``changes``); ``changed: false``: the old row holds the column and ``changes`` does not.
-  Anything else (no old row, a key-only old row for another column) is unknown: false both ways.
-
-**Sequin's column filters** (``filters``, :class:`config.shaping.ColumnFilter`) run as
-Sequin's ``column_filters_match_message?`` (``lib/sequin/consumers/consumers.ex``), their
-literal cast as ``parse_column_filter`` and ``ColumnFilter.from_external`` cast it:
-
-- The row is a delete's old row, else ``record``; a column the row does not hold: false. A
-  uuid is compared as its text (Sequin's value is a string).
-- ``field_type`` decides the literal's type for ``=`` … ``<=``; ``in``/``not in`` always take
-  a list and the null operators none, whatever ``field_type`` says. Without ``field_type``
-  Sequin takes the column's type; here the column's value tells it (a boolean, a number, a
-  timestamp or date, else a string — a JSON column too, as Sequin's ``jsonb`` → ``string``).
-  So a ``citext`` column needs ``field_type: cistring`` here to compare case-insensitively.
-- ``cistring`` lowercases the literal, and the column's value when it is a string itself;
-  Sequin then ignores ``field_path``, and lowercases no value found through one.
-- ``field_path`` is followed only into a column whose value is a JSON object (any other
-  value is compared whole, as in Sequin); a step into something that is not an object gives
-  NULL; into a json value held as its text, :class:`RowFilterError`, as above.
-- ``datetime``: an ISO 8601 text with its offset, read in UTC to the whole second (Ecto's
-  ``utc_datetime``); a date value is its midnight in UTC, a naive timestamp is UTC. A value
-  that is not a timestamp or date makes the filter false (Sequin raises).
-- ``in``: the value equals an element, or its text (Elixir's ``to_string``: NULL is ``""``)
-  equals an element's text; a string literal ``"a, b"`` or ``"[a, b]"`` is split on commas and
-  trimmed as Sequin splits it. A JSON object or array matches by value only.
-- A literal Sequin refuses to load (a ``number`` that is no number, a ``datetime`` without
-  an offset, …) is a FatalError at construction; without ``field_type``, where the type is
-  known only per value, a literal that does not fit makes the filter false.
-
-**Where Python's comparison differs from Elixir's term ordering**: Elixir orders any two
-terms (number < atom < map < list < binary; ``nil``, booleans and ``:unchanged_toast`` are
-atoms). Here ``=`` and ``!=`` match it (values of different kinds are never equal, ``1`` and
-``true`` included), but ``>``, ``<``, ``>=``, ``<=`` between different kinds are false where
-Sequin answers by kind (``nil > 5`` holds there), maps and structs are not ordered here, and
-a numeric is compared as a number: Sequin's is a ``Decimal`` struct, a map, which Elixir
-orders above every number and equal to none (so ``amount > 100`` holds for every amount
-there). A float's text is Python's (``1e+16`` where Elixir writes ``1.0e16``).
+Each operator's rules, and where Python's comparison differs from Elixir's term ordering:
+``docs/design.md``, *transforms/conditions.py*.
 """
 
 from __future__ import annotations

@@ -7,52 +7,20 @@ consumers (Flink's ``debezium-json``, Debezium's own sinks, hand-written ones) r
                 "sequence", "ts_us", "ts_ns", "schema", "table", "txId", "lsn", "xmin"},
      "op": "c" | "u" | "d" | "r", "ts_ms", "ts_us", "ts_ns", "transaction": null}
 
-Keys in the order Debezium's JSON converter writes them, its schema's (Debezium 2.6-3.4:
-``SchemaFactory.sourceInfoSchemaBuilder``, ``PostgresSourceInfoStructMaker``,
-``Envelope.defineSchema``; 3.5 appends ``origin`` and ``origin_lsn``, set only for a change
-that came through a replication origin, left out here).
-
-**Rows**: ``before`` is an update's old row when Postgres sent one (REPLICA IDENTITY FULL, or
-the key's columns when the key changed), else null, and a delete's old row (under REPLICA
-IDENTITY DEFAULT its key columns, the others null); ``after`` is the new row of an insert,
-update or read, null for a delete. Render passes both shaped (columns renamed, masked, the
-TOAST policy applied); they are encoded here only. An unchanged TOAST value a row still
-holds is Debezium's placeholder ``"__debezium_unavailable_value"`` (its default
-``unavailable.value.placeholder``, as a string for every type); a value too large to publish
-is walflow's marker, ``"__walflow_oversized_value:<bytes>"`` (``core/sizes.py``; Debezium has
-no such marker).
+Keys come in the order Debezium's JSON converter writes them (Debezium 2.6-3.4). ``before``
+and ``after`` arrive shaped from render (columns renamed, masked, the TOAST policy applied)
+and are only encoded here: an unchanged TOAST value is Debezium's placeholder
+``"__debezium_unavailable_value"``, an oversized one walflow's marker (``core/sizes.py``).
 
 **Values follow walflow's Sequin encoding** (:meth:`transforms.envelope.Envelope.encode_row`,
-``timestamp_format`` included), not Debezium's logical types: numeric as a decimal string
-(as ``decimal.handling.mode=string``; Debezium's default writes base64 of the unscaled
-bytes), timestamps as ISO 8601 with six digits (Debezium: ``timestamp`` as epoch
-milli/microseconds, ``timestamptz`` as ISO), dates and times as ISO (Debezium: days since the
-epoch, microseconds since midnight), json and jsonb as JSON values (Debezium: their text in
-a string), bytea as Postgres's hex text (Debezium: base64), intervals as ``{"months",
-"days", "microseconds"}`` (Debezium: microseconds), arrays and the rest as the Sequin
-payload shows them (``README.md``, *Values, type by type*).
+``timestamp_format`` included), not Debezium's logical types (``README.md``, *Values, type by
+type*). ``source.lsn`` is the commit's LSN (pgoutput gives no per-change LSN), ``sequence``
+and ``xmin`` are null; a backfill's read has ``snapshot: "true"``, ``lsn`` its chunk's
+watermark and ``txId`` null. ``ts_ms``/``ts_us``/``ts_ns`` say when walflow rendered it.
 
-**Source**: ``name`` is the database's config name (Debezium's ``topic.prefix``), ``db`` the
-Postgres database, ``version`` walflow's, ``ts_ms``/``ts_us``/``ts_ns`` the commit's time.
-``txId`` is the transaction's id and ``lsn`` its commit LSN: Debezium's ``lsn`` is each
-change's own, which pgoutput does not give walflow. For the same reason ``sequence`` is
-null (Debezium's is ``["<last commit LSN>","<this change's LSN>"]``; a pair made of commit
-LSNs would order the changes of one transaction as equal, a wrong answer where none is
-honest), and so is ``xmin`` (Debezium's only with ``xmin.fetch.interval.ms``). A backfill's
-read has ``snapshot: "true"`` (else ``"false"``), ``lsn`` the chunk's watermark, where the
-read stands in the stream, and ``txId`` null: it is no transaction's change. (Debezium's
-incremental snapshots, which walflow's backfills resemble, say ``"incremental"`` and null
-``lsn``; ``"true"`` is its initial snapshot's.)
-
-**Envelope**: ``op`` as Debezium's (``c`` insert, ``u`` update, ``d`` delete, ``r`` read);
-``ts_ms``/``ts_us``/``ts_ns`` when walflow rendered it (Debezium: when the connector
-processed it), so ``ts_ms - source.ts_ms`` is the lag as in Debezium; ``transaction`` null
-(Debezium without ``provide.transaction.metadata``).
-
-**Where walflow differs in events**: an update that changes the key is one ``u`` whose
-``before`` holds the old key (Debezium sends a ``d`` for the old key and a ``c`` for the
-new); a delete is not followed by a tombstone (a Kafka compaction device, nothing in NATS);
-truncates are not published, as with the Sequin envelope.
+Unlike Debezium: a key-changing update is one ``u``, a delete has no tombstone, truncates are
+not published. Each field's choice and Debezium's own value beside it: ``docs/design.md``,
+*transforms/debezium.py*.
 """
 
 from __future__ import annotations

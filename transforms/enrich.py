@@ -1,59 +1,25 @@
 """Enrichment, Sequin's enrichment function: a SQL query on the source database with a batch's
 primary keys as parameters, whose row for each key becomes that message's ``metadata.enrichment``.
 
-As Sequin does it (``lib/sequin/consumers/consumers.ex``, ``enrich_messages!`` and below;
-``docs/reference/enrichment.mdx``):
+The contract, as Sequin's ``enrich_messages!``:
 
-- **Parameters**: one array per primary-key column, ``$1``, ``$2``, … in alphabetical order
-  of the column names, each holding that column's value of every key. Sequin lets the
-  server infer their types (Postgrex's Parse names none, and encodes the values as the
-  server says). walflow sends each as an array literal of the keys' texts (Postgres's own
-  text output, Sequin's ``record_pks``) with no type (OID 0): the server infers the type
-  from the query (``id = ANY($1)``) and parses the literal itself, so every key type works
-  without walflow knowing it. Where the query leaves the type open, it must cast: the
-  docs' composite form ``unnest($1, $2)`` is ambiguous to Postgres (so in Sequin too); write
-  ``unnest($1::int[], $2::text[])``.
-- **Matching**: a result row belongs to the key its key columns hold; the whole row, key
-  columns included, is the enrichment (Sequin's own test); no row gives None. Two rows for
-  one key are an error (Sequin fails the batch), and so is a result without a key column,
-  or with a key column NULL (Sequin's "missing from enrichment result"). A row for a key
-  that was not asked for is ignored.
+- **Parameters**: one array per primary-key column, ``$1``, ``$2``, … in alphabetical order of
+  the column names, each the keys' texts as an untyped array literal: the server infers the
+  type from the query (``id = ANY($1)``). Where the query leaves it open it must cast
+  (``unnest($1::int[], $2::text[])``).
+- **Matching**: a result row belongs to the key its key columns hold, compared as text (both
+  printed with the pinned settings of :mod:`connectors.postgres.connection`); the whole row is
+  the enrichment, no row gives None. Two rows for one key, a result without a key column or
+  with one NULL are an :class:`EnrichmentError`; a row for a key not asked for is ignored.
+- Keys are deduplicated, at most ``max_keys`` go into one query, and ``timeout_ms`` is its
+  ``statement_timeout``. Values load as a record's do (:class:`connectors.postgres.types.Catalog`).
+- **The connection**: one per :class:`Enricher` (not thread-safe: one per sink partition),
+  opened at its first query, read-only, with no statement prepared on the server.
+- **Failures**: what the query itself meets is an :class:`EnrichmentError`, not retried, whose
+  text never holds a key or a value (a dead letter carries it). A lost connection is retried
+  on a new one after capped, jittered backoff, as long as it takes, blocking the partition.
 
-Where walflow differs: keys are deduplicated (Sequin's arrays hold every message's key,
-repeats included, so a query over ``unnest($1)`` returned a repeated key's row twice and
-failed the batch; its sink pipeline in fact runs the query per message), at most
-``max_keys`` go into one query (more run several), a missing key column is an error as
-soon as the result's columns show it, with rows or without (Sequin notices when a row
-arrives), the query has ``timeout_ms`` as its ``statement_timeout``, and values load as
-below (Sequin's come from Postgrex as they are: bytea as a string if it is UTF-8, …).
-
-**Keys are compared as text**: the result's key columns as Postgres prints them against the
-keys' texts. Both are printed with the same pinned settings
-(:mod:`connectors.postgres.connection`), so one value prints one way whatever Python would
-load it as: a domain, an enum, ``inet`` or ``id::text`` match as well as an int.
-
-**Values** load as a record's do (:class:`connectors.postgres.types.Catalog`'s loader per
-result column type: json through orjson, intervals and bytea as ``record`` shows them, a
-domain as its base type, …; a value a loader cannot convert stays its text, with one
-warning per column, as in :mod:`transforms.convert`), so the envelope writes them as it
-writes ``record``.
-
-**The connection**: one per :class:`Enricher`, opened at its first query. An Enricher is not
-thread-safe: each sink partition has its own, so one connection per partition, used by
-the worker thread that runs it. ``default_transaction_read_only`` is on (enrichment must never write;
-a writing query fails), and no statement is prepared on the server (after a DDL a prepared
-one fails with "cached plan must not change result type", and poolers in transaction mode
-do not keep them).
-
-**Failures**: what the query itself meets (SQL errors, the timeout, a write refused) is an
-:class:`EnrichmentError`, not retried: the same query would fail again. Its text names the
-sink, the table and the key's columns, never a key or a value (a dead letter carries it): the
-server's own message only for SQLSTATE classes that speak of the query (:data:`_QUERY_CLASSES`:
-a misspelt column, a timeout), else the condition's name (``InvalidTextRepresentation``). A lost connection
-(the server restarting, a network reset, a terminated backend; or no connection to be had)
-passes by itself: the query runs again on a new connection after capped, jittered backoff,
-as long as it takes, with one warning per outage. That blocks the sink partition, which is
-how walflow holds back a source it cannot keep up with.
+Where walflow differs from Sequin, and why: ``docs/design.md``, *transforms/enrich.py*.
 """
 
 from __future__ import annotations

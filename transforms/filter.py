@@ -1,29 +1,21 @@
 """Which changes a sink receives: its actions, its ``source`` filters and its legacy ``table``.
 
-A backfill's ``read`` goes to the sink that asked for the backfill, and to no other; the
-request was checked against the sink's tables where it was acted on
-(:class:`connectors.postgres.backfill.Admission`), and a read of a table the sink does not
-read is dropped here too, as its changes would be.
+All conditions must hold. ``None`` in ``source`` means no restriction; an empty list includes
+nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
+``public.orders``), and tables are written ``schema.table`` as in the config. The decision
+depends only on a table's schema and name, so it is made once per table and cached (this runs
+for every change, before any value is converted); a table added to the publication while
+walflow runs is decided by the same rules when it first shows up, so it flows without a restart.
 
-All conditions must hold. ``None`` in ``source`` means no restriction; an empty list
-includes nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
-``public.orders``), and tables are written ``schema.table`` as in the config.
-
-The decision for a table depends only on its schema and name, so it is made once per table
-and cached: this runs for every change, before any value is converted. A table the sink has never seen (one added to the
-publication while walflow runs) is decided by the same rules the first time it shows up,
-so it flows without a restart.
-
-**Truncates never pass.** The contract's actions are insert, update and delete: a
-``TRUNCATE`` carries no rows and has no place in Sequin's payload. Dropping it silently
-would hide that consumers now disagree with the table, so the first truncate of each table
-this sink would otherwise receive is logged once per process as a WARNING.
-
-The flow runs it a batch at a time (:meth:`SinkFilter.select`): what it drops from the slot
-is counted per table and action in plain ints and added to
-``walflow_changes_filtered_total`` once per batch. A flow that reads several databases has
-one stream of changes: a batch's changes of another database than the sink's are passed
-over, and not counted (they were never this sink's).
+- A backfill's ``read`` goes only to the sink that asked for it (the request was checked where
+  it was acted on, :class:`connectors.postgres.backfill.Admission`), and a read of a table the
+  sink does not read is dropped, as its changes would be.
+- **Truncates never pass** (they carry no rows and have no place in Sequin's payload); the
+  first one of each table this sink would otherwise receive is logged once per process as a
+  WARNING, since consumers then disagree with the table.
+- :meth:`SinkFilter.select` runs a batch at a time: what it drops is counted per table and
+  action and added to ``walflow_changes_filtered_total`` once per batch. A batch's changes of
+  another database than the sink's are passed over, and not counted.
 """
 
 from __future__ import annotations

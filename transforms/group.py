@@ -2,30 +2,24 @@
 
 Changes with equal keys go to the same partition, which publishes them in the order it
 received them; that is how "commit order per row (per group key)" holds. The key is
-``"<schema>.<table>:" + JSON array of the group columns' texts``, e.g. ``public.orders:["7"]``.
-It is made from the values as the database printed them, before any conversion (so the
-source's worker can route a change without converting it), never from Python's ``hash()``,
-which is salted per process: every worker and process computes the same key for the same
-change, before and after a restart.
+``"<schema>.<table>:" + JSON array of the group columns' texts``, e.g. ``public.orders:["7"]``,
+made from the values as the database printed them, before any conversion (so the source's
+worker can route a change without converting it), never from Python's salted ``hash()``: every
+worker and process computes the same key for the same change, before and after a restart.
 
-**Group columns**: the table's ``group_column_names`` (from ``tables:``, or the legacy
-``table:`` + ``group_column_names:``; a ``tables:`` entry wins if both name the table), else
-the table's key (``Table.key_columns``: the primary key under REPLICA IDENTITY DEFAULT or
-FULL, the index's columns under USING INDEX). A table without key columns (no primary key, or REPLICA IDENTITY NOTHING) is one
-group: ``public.log:[]``, so its changes keep their order at the cost of parallelism.
-
-**Values** come from the new row, or from the old row for a delete. A TOASTed column that
-the update left alone has no new value; its old value is used when Postgres sent it.
-
-**Fallback**: a group column can be missing from the row. Under REPLICA IDENTITY DEFAULT a
-delete sends only the key columns, so a table grouped by a non-key column cannot group its
-deletes by that column. Such a change is grouped by the key columns that are present
-instead, and a WARNING is logged once per table: its order relative to the row's earlier
-changes is then no longer promised. ``ALTER TABLE … REPLICA IDENTITY FULL`` makes Postgres
-send the whole old row and removes the problem.
-
-With ``message_grouping: false`` each change is its own group (``"<commit_lsn>:<commit_idx>"``):
-changes spread over all partitions and no order between them is promised, as in Sequin.
+- **Group columns**: the table's ``group_column_names`` (from ``tables:``, or the legacy
+  ``table:`` + ``group_column_names:``; a ``tables:`` entry wins), else the table's key
+  (``Table.key_columns``: the primary key under REPLICA IDENTITY DEFAULT or FULL, the index's
+  columns under USING INDEX). A table without key columns (no primary key, or REPLICA IDENTITY
+  NOTHING) is one group, ``public.log:[]``: its changes keep their order at the cost of parallelism.
+- **Values** come from the new row, or from the old row for a delete; a TOASTed column the
+  update left alone takes its old value when Postgres sent it.
+- **Fallback**: a change without some group column (a delete under REPLICA IDENTITY DEFAULT
+  sends only the key) is grouped by the key columns it has, with one WARNING per table: its
+  order relative to the row's earlier changes is then not promised. ``ALTER TABLE … REPLICA
+  IDENTITY FULL`` removes the problem.
+- With ``message_grouping: false`` each change is its own group (``"<commit_lsn>:<commit_idx>"``):
+  no order between changes is promised, as in Sequin.
 """
 
 from __future__ import annotations

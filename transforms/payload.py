@@ -1,29 +1,23 @@
 """A sink's transform: the payload published in place of the envelope (``transform:``, ``config/shaping.py``).
 
-Two kinds, as in Sequin (``lib/sequin/transforms/message.ex``, ``to_external``):
+Two kinds, as Sequin's ``to_external``:
 
-- **a path transform** (Sequin's path function, ``lib/sequin/consumers/path_function.ex``):
-  the value at a dotted path of the message (``record``, ``record.address.city``,
-  ``metadata.table_name``), found as Sequin's ``traverse_path`` finds it (:func:`path_value`);
+- **a path transform** (Sequin's path function): the value at a dotted path of the message
+  (``record``, ``record.address.city``, ``metadata.table_name``), found as Sequin's
+  ``traverse_path`` finds it (:func:`path_value`);
 - **a Python transform**: ``fn(action, record, changes, metadata)`` (Sequin's Elixir transform,
   rewritten), whose return value is the payload.
 
-**The payload** is the value as JSON, as Sequin's NATS sink publishes
-``Jason.encode_to_iodata!`` of it: a string is published as a JSON string (quoted), None as
-``null``. Values are written as the envelope writes them (:func:`transforms.envelope.encode_json`).
-
-**Timestamps**: Sequin applies ``timestamp_format: unix_microsecond`` to ``record`` and
-``changes`` before any function runs; ``metadata`` (``commit_timestamp``) and the enrichment
-keep ISO. A path transform follows that exactly: a path into ``metadata`` writes datetimes
-ISO, one into ``record`` or ``changes`` as ``timestamp_format`` says. A Python transform's
-value is written as ``timestamp_format`` says throughout, since a returned datetime does not
-tell where it came from: under ``unix_microsecond`` a ``commit_timestamp`` it returns is an
-integer (Sequin's Elixir transform would give ISO), and its record's datetimes are datetimes
-when it runs (Sequin's are already integers).
+**The payload** is the value as JSON, as Sequin's NATS sink publishes it: a string as a JSON
+string (quoted), None as ``null``, values written as the envelope writes them
+(:func:`transforms.envelope.encode_json`). Datetimes follow ``timestamp_format`` as Sequin
+applies it: a path into ``metadata`` writes them ISO, one into ``record`` or ``changes`` as
+``timestamp_format`` says; a Python transform's value as ``timestamp_format`` says throughout
+(where that differs from Sequin: ``docs/design.md``, *transforms/payload.py*).
 
 **Failures** raise :class:`TransformError`, its cause chained; render applies the sink's
-``on_error``. Messages name the transform and the kind of value, never a row's value: a
-dead letter carries the message and must carry no row values.
+``on_error``. Messages name the transform and the kind of value, never a row's value: a dead
+letter carries the message and must carry no row values.
 """
 
 from __future__ import annotations

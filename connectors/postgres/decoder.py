@@ -1,54 +1,27 @@
 """The sans-IO core of the source: CopyData messages in, changes and positions out.
 
 The session hands every CopyData message of the replication stream to :meth:`Decoder.feed`;
-the decoder never touches a socket, a thread or a clock, so it is tested with bytes. It
-reads exactly what the session asks the server for (``proto_version '1'``, text values,
-logical messages; no streaming of in-progress transactions, no two-phase decoding, so
-everything that arrives is committed) and refuses everything else with
-:class:`DecodeError`: a client that guesses past bytes it could not read loses changes
-without noticing.
+the decoder never touches a socket, a thread or a clock, so it is tested with bytes. It reads
+exactly what the session asks the server for (``proto_version '1'``, text values, logical
+messages; no streaming of in-progress transactions, no two-phase decoding, so everything that
+arrives is committed) and refuses everything else with :class:`DecodeError`: a client that
+guesses past bytes it could not read loses changes without noticing.
 
-What it keeps track of:
+What it promises the session:
 
-- **Positions.** ``received`` is the furthest LSN seen (the status update's ``write``).
-  Position markers (an ``int`` LSN) are staged in order with the changes: the end of each
-  transaction's commit record, and a keepalive's walEnd while no transaction is open
-  (``shared/reference/postgres-replication.md`` §3.3). Everything before a marker has been
-  staged.
-- **Transactions.** Each change is named by its transaction's commit LSN (from Begin) and
-  its index in the transaction — counted as Sequin counts ``commit_idx``: every Insert,
-  Update, Delete, Truncate and transactional logical message takes the next index, so
-  the numbers match Sequin's for the same WAL — and staged as soon as it is decoded: a transaction is
-  never held whole. The commit's *end* LSN is only known at Commit, possibly millions of
-  changes later; resuming skips transactions whose commit LSN lies before the resume
-  position, the server's own rule (equivalent to "end at or below it", since resume
-  positions are record boundaries).
-- **The resume skip.** A session resumed mid-transaction skips the changes a previous run
-  already emitted (:class:`ResumePoint`).
-- **Logical messages are input** (:mod:`connectors.postgres.messages`): any role may write
-  one. Only those under a prefix walflow owns, and within its size limit, are copied;
-  transactional ones with a prefix the session names (backfill signals) are staged in
-  order with the changes, where they were committed, for the partition to check.
-- **Transaction annotations.** ``pg_logical_emit_message(true,
-  'sequin:transaction_annotations.set', json)`` annotates the transaction's changes that
-  follow it (``…clear`` ends that), as in Sequin: each carries the JSON text.
-- **Relations.** A Relation message becomes a :class:`core.events.Table` through the
-  catalog, which may look things up; changes refer to the table version they were
-  written with.
-- **Memory.** Each staged change carries an estimate of what it will cost until JetStream
-  acknowledges it (:func:`change_memory`), which the buffer and the epoch budget count.
-- **Size.** A row message longer than ``max_change`` (``walflow.max_change_mb``) has its
-  largest values replaced by markers until it fits (:mod:`core.sizes`): it is decoded on views
-  of the message, so such a value is never copied, and the change is counted at the size it
-  keeps. A long one under the limit is decoded so too (:data:`VIEW_ABOVE`): its values are
-  copied once, not the message before them. Every other message pays one length comparison.
-
-Values stay the text the server sent (:class:`core.events.RawChange`): conversion is a
-stage of its own (:mod:`transforms.convert`).
-
-Begin, Insert/Update/Delete and Commit are nearly all of the traffic, so they are read
-with one ``struct`` unpack for the XLogData header and the message behind it, without
-intermediate objects.
+- ``received`` is the furthest LSN seen (the status update's ``write``); position markers (an
+  ``int`` LSN: a commit's end, a keepalive's walEnd while no transaction is open) are staged
+  in order with the changes, and everything before a marker has been staged.
+- Each change is named by its transaction's commit LSN and its index in it, counted as Sequin
+  counts ``commit_idx``, and staged as soon as it is decoded (a transaction is never held
+  whole); a resumed session skips what a previous run already emitted (:class:`ResumePoint`).
+- Logical messages are input: only those under a prefix walflow owns, within its size limit,
+  are kept (:mod:`connectors.postgres.messages`); Sequin's transaction annotations apply to
+  the changes that follow them.
+- Each staged change carries its memory estimate (:func:`change_memory`); a row message over
+  ``max_change`` has its largest values replaced by markers (:mod:`core.sizes`).
+- Values stay the text the server sent (:class:`core.events.RawChange`): conversion is
+  :mod:`transforms.convert`'s. Why each rule holds: ``docs/design.md``, *connectors/postgres/decoder.py*.
 """
 
 from __future__ import annotations

@@ -1,66 +1,28 @@
 """The catalog side of decoding: a loader per column type, the key of each table.
 
-pgoutput sends each value as its type's text output; psycopg already knows how to parse
-that for every built-in type, so walflow never parses a type by hand. What this adds:
+pgoutput sends each value as its type's text output; psycopg already parses that for every
+built-in type, so walflow never parses a type by hand. This module adds, on the catalog's own
+connection (not globally):
 
-- **Custom types** are resolved by OID (the replication connection cannot run
-  parameterised queries): a domain loads as its base type, an array of a
-  domain/enum/custom type gets an array loader over the element's effective type, custom
-  ranges are registered, enums stay strings. Anything else falls back to its text.
-- **Values as Sequin publishes them** (``shared/CONTRACT.md``: a Sequin consumer must read
-  the same JSON): bytea, ranges and multiranges (built-in and custom), oidvector and
-  int2vector load as Postgres's own text (``\\x0102``, ``[1,10)``, ``1 2 3``), as Sequin's
-  value caster leaves them; intervals as ``{"months", "days", "microseconds"}``
-  (:class:`IntervalLoader`: psycopg's own folds months into 30 days and years into 365);
-  pgvector's ``vector`` as a list of floats (:class:`PgvectorLoader`), found by its name.
-- **inet, cidr** and their arrays load as Postgres's own text (``str``): Python's
-  :mod:`ipaddress` would rewrite some of them (``::ffff:1.2.3.4`` → ``::ffff:102:304``).
-- **Partitions** are described as their parent table (schema, name), as Sequin reports them:
-  a consumer sees one table whichever partition a row is stored in.
-- **json/jsonb** load with orjson where it gives what ``json.loads`` gives (several times
-  faster for small documents), and as :class:`core.events.JsonText` (their text, published
-  as it is) where Python's values cannot carry them exactly: nested deeper than
-  :data:`MAX_JSON_DEPTH`, a number beyond a double, a lone surrogate escape. See
-  :func:`json_loads`.
+- **custom types** resolved by OID (a domain loads as its base type, arrays of custom types
+  over their element's effective type, custom ranges registered, enums as strings; anything
+  else as its text);
+- **values as Sequin publishes them** (a Sequin consumer must read the same JSON): bytea,
+  ranges, multiranges, oidvector, int2vector, inet and cidr as Postgres's own text, intervals
+  as ``{"months", "days", "microseconds"}`` (:class:`IntervalLoader`), pgvector's ``vector``
+  as a list of floats (:class:`PgvectorLoader`);
+- **json/jsonb** through orjson where it gives what ``json.loads`` gives, else as
+  :class:`core.events.JsonText` (:func:`json_loads`);
+- **partitions** described as their parent table, as Sequin reports them.
 
-These loaders are registered on the catalog's own connection, not globally.
-
-**Which loader a type OID gets** is decided by the first of these that applies, once per
-OID per run:
-
-1. psycopg has a loader for the OID itself (every built-in type it knows, plus the
-   above): that loader.
-2. pgoutput's Type message (``Y``, sent before the Relation that uses a type with an OID
-   of 10000 or more; for a domain it names the *base* type, read from the catalog as of
-   the change) named a built-in ``pg_catalog`` type that psycopg knows by that name, or an
-   array of one (``_int4``): that type's loader. No catalog lookup, so a domain dropped
-   before walflow read its changes still loads as its base type.
-3. The current catalog (``pg_type``): domain → its base type, array → an array loader
-   over its element's effective type; enums, ranges and anything else load as their text.
-4. The catalog no longer has the type: its text, with one warning.
-
-So a type gone from the catalog by the time walflow reads the change falls back to text
-only when pgoutput's Type message did not name a built-in base type (an enum, a composite,
-an array of a custom type, a domain over one of those).
-
-**The key** of a table (what groups its changes, so that one row's changes stay in order):
-
-- REPLICA IDENTITY DEFAULT/INDEX/NOTHING: the identity columns the Relation flags.
-- REPLICA IDENTITY FULL (which flags every column, so the message does not say): the key
-  columns this run already used for the relation OID, as long as they are all still
-  among its columns (a DDL does not move a row to another partition); for a relation OID
-  not seen before, its primary key, read from the current catalog.
-- Otherwise the whole table is one group (``key_columns == ()``), which keeps every row's
-  changes in order, with one warning per table saying why: a FULL table whose primary key
-  is not in the catalog (it never had one, or the table or key was dropped before walflow
-  read its changes), whose primary key is not among its published columns, or whose key
-  columns are gone. Under FULL, a relation already keyed never switches to another key,
-  nor to one group while its key columns exist; one that became one group stays one for
-  the run. (Changing a table's replica identity itself while walflow runs does change its
-  key: the old and the new one are what Postgres says identifies a row.)
+:class:`Catalog` decides a type OID's loader once per OID per run, and a table's key (what
+groups its changes, so that one row's changes stay in order): the replica identity's columns;
+under REPLICA IDENTITY FULL the primary key, kept for the run; else the whole table is one
+group, with one warning saying why.
 
 Values a loader cannot represent (``infinity`` dates, BC timestamps) are not this module's
-concern: :mod:`transforms.convert` falls back to their text.
+concern: :mod:`transforms.convert` falls back to their text. The order in which a loader is
+chosen, and the key's rules in full: ``docs/design.md``, *connectors/postgres/types.py*.
 """
 
 from __future__ import annotations
