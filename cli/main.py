@@ -1,4 +1,4 @@
-"""``walflow``: commands beside the dataflow (``shared/CONTRACT.md``, "The walflow command").
+"""``walflow``: commands beside the dataflow (``README.md``, "Commands").
 
 ``walflow check [CONFIG] [--json]`` validates the config and the environment without
 starting the flow (exit 0 when every check passes, 1 when any fails; :mod:`cli.check`).

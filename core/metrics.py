@@ -4,7 +4,7 @@ One :class:`Metrics` per process, held by :class:`core.runtime.Runtime` (nothing
 process-global: tests run several pipelines' parts in one interpreter) and served as
 ``/metrics`` by the health endpoint (``dataflows/health.py``). The registry is walflow's
 own rather than prometheus-client's global one: every name it serves starts with
-``walflow_`` (``shared/CONTRACT.md``), the process's CPU, memory and file descriptors
+``walflow_`` (``README.md``, *Metrics*), the process's CPU, memory and file descriptors
 included (``walflow_process_*``, prometheus-client's process collector under walflow's
 namespace); the global registry's ``python_gc_*`` and ``python_info`` would break that rule
 and say little about a process that freezes its garbage collector (``dataflows/cdc.py``).

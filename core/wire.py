@@ -2,8 +2,8 @@
 
 Bytewax pickles every item that crosses to another process, one at a time. A NamedTuple's
 class is looked up by name on every load, a datetime's too: a :class:`core.events.RawChange`
-would cost 8–11 µs per item each side where a tuple of ints and bytes costs 2–4
-(``shared/reference/bytewax-engine.md`` §9). So the slot's worker sends a change as a
+would cost several times what a tuple of ints and bytes costs (measured: ``docs/design.md``,
+*core/wire.py*). So the slot's worker sends a change as a
 :data:`Packed` tuple that names its table by :attr:`core.events.Table.uid`, and the sink
 partition that owns its key converts and renders its fields there (``transforms/render.py``,
 :func:`commit_time` for its commit time); a partition receives them a list per batch.

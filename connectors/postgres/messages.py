@@ -37,7 +37,7 @@ log = logging.getLogger("walflow.postgres")
 
 HEARTBEAT: Final = "walflow.heartbeat"
 BACKFILL: Final = "walflow.backfill"
-#: Sequin's prefixes for annotating a transaction's changes (its slot_producer.ex).
+#: Sequin's prefixes for annotating a transaction's changes (as its slot producer reads them).
 ANNOTATIONS_SET: Final = "sequin:transaction_annotations.set"
 ANNOTATIONS_CLEAR: Final = "sequin:transaction_annotations.clear"
 

@@ -1,6 +1,6 @@
 """Streaming-replication framing inside COPY BOTH: XLogData and keepalives in, status updates out.
 
-Reference: ``shared/reference/postgres-replication.md`` §1. LSNs are plain ints;
+The layouts are PostgreSQL's (its documentation's *Streaming Replication Protocol*). LSNs are plain ints;
 timestamps on the wire are microseconds since 2000-01-01 UTC (the "Postgres epoch").
 """
 
