@@ -626,7 +626,7 @@ class ReplicationSettings(_ReadsChanges):
 
 
 class BackfillSettings(_ReadsChanges):
-    """How backfills read tables (``shared/CONTRACT.md``, "Backfills")."""
+    """How backfills read tables (``README.md``, "Backfills")."""
 
     #: Tables read at the same time (each on a connection of its own); more wait their turn.
     max_concurrent: int = Field(default=2, ge=1, le=32)
