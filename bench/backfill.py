@@ -1,4 +1,4 @@
-"""Backfills (issue 12): how fast walflow reads a table's existing rows into JetStream, beside COPY.
+"""Backfills: how fast walflow reads a table's existing rows into JetStream, beside COPY.
 
 The table holds ``rows`` rows of a workload's shape, written and vacuumed before walflow's
 slot exists (:func:`bench.workloads.write_rows`), so the rows reach walflow only through the

@@ -195,7 +195,7 @@ def run_latency(
             "changes": len(messages),
             # how long after pgbench's exit the phase's last change was stored (0: walflow kept up)
             "drained_after_s": round(max(last_stored - stopped_ns, 0) / 1e9, 3) if messages else None,
-            # the end-to-end rate: from the phase's first commit to its last stored message
+            # the end-to-end rate: from the phase's first commit to its last stored message
             "first_commit_to_last_stored_per_s": round(len(messages) / span) if span > 0 else None,
             "latency_ms": {k: round(v, 2) for k, v in percentiles(latencies).items()},
             **_by_second(commits, latencies),

@@ -133,8 +133,8 @@ class CpuSnapshot:
 
     def shares_since(self, start: CpuSnapshot) -> dict[str, float]:
         """How busy the machine was since ``start``, and how much of it was someone else's:
-        near 1.0 busy means the figures include waiting for a core; a large ``other_processes``
-        share means something outside the benchmark (another job) took CPU meanwhile."""
+        ``machine_cpu_busy`` near 1.0 means the figures include waiting for a core; a large
+        ``other_processes_cpu`` share means something outside the benchmark (another job) took CPU meanwhile."""
         total = max(self.total - start.total, 1e-9)
         busy = self.busy - start.busy
         return {

@@ -1,5 +1,5 @@
 """The results as JSON (every figure), a markdown table (ceilings beside walflow and the
-issue's targets) and a PNG chart (rates, slot lag over time, latency percentiles)."""
+performance targets) and a PNG chart (rates, slot lag over time, latency percentiles)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from typing import Any
 
 from bench.walflow import DEPLOYMENTS
 
-#: The issue's targets.
+#: The performance targets (where each comes from: ``docs/design.md``, *bench/*).
 TARGET_RSS_MB = 200
 TARGET_CPU_US = 20
 TARGET_P99_MS = 100
 TARGET_RATE = 35_000
 TARGET_CEILING_SHARE = 0.9
-#: Issue 12: a backfill of (a)'s rows, rows/s into JetStream.
+#: A backfill of (a)'s rows, rows/s into JetStream.
 TARGET_BACKFILL_RATE = 50_000
 #: The backfill whose rate the target is about.
 BACKFILL_TARGETED = "backfill-100B"
-#: Issue 15: the bare ``python -m bytewax.run dataflows.cdc`` against ``-s 1`` on (a), same run.
+#: The bare ``python -m bytewax.run dataflows.cdc``'s share of ``-s 1``'s rate on (a), same run.
 TARGET_NOFLAGS_SHARE = 0.9
 #: The projection's process counts (publishing processes beside the slot's).
 PROJECTED = (1, 2, 3, 4)
@@ -66,7 +66,7 @@ def _backfill_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issues 7 and 12 with the measured figure and whether it is met."""
+    """Each performance target with the measured figure and whether it is met."""
     rows: list[dict[str, Any]] = []
 
     def add(what: str, measured: float | None, target: str, ok: Callable[[float], bool]) -> None:

@@ -273,7 +273,7 @@ class Bench:
             drop_database(self.pg.dsn(), database)
 
     def two_databases(self) -> dict[str, Any]:
-        """One flow over two databases (issue 15): a config with two ``databases:`` entries,
+        """One flow over two databases: a config with two ``databases:`` entries,
         each with its slot, publication and sink, and no ``WALFLOW_DATABASE``, run as
         ``two_db_deployment``. Each database gets the mixed workload of ``two_db_rows``
         changes and its own pg_recvlogical; walflow reads both at once."""

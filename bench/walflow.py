@@ -102,7 +102,7 @@ class Shaping:
     mask_secret: str | None = None
 
 
-#: ``--shaping`` (issue 16): the sink's shaping of the bench table in a shaped run of (a).
+#: ``--shaping``: the sink's shaping of the bench table in a shaped run of (a).
 #: typical: every step that costs per row, none that drops one or needs the database: columns
 #: (one excluded, one renamed, the one string column hash-masked, keep_last on another),
 #: one ``where`` condition every row passes (so as many messages are published as unshaped:

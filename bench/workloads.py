@@ -1,4 +1,4 @@
-"""The workloads of issue 7, written into their own database each.
+"""The benchmark's workloads, written into their own database each.
 
 - **mixed** (Sequin's method): table ``benchmark_records``, 60 % inserts, 30 % updates and
   10 % deletes, each its own transaction, from several concurrent clients. For catch-up
