@@ -287,7 +287,7 @@ class SubjectRouting(Section):
     Placeholders: ``{prefix}`` (the destination's ``subject_prefix``), ``{database}``,
     ``{schema}``, ``{table}``, ``{action}``, ``{sink}``, ``{record.COLUMN}`` (a published column:
     renamed, masked), ``{record.COLUMN.KEY}`` inside a JSON column, ``{metadata.KEY}``. Each
-    value becomes one subject token, escaped as subject names are (README, *Subjects*)."""
+    value becomes one subject token, escaped as subject names are (README, *What lands in JetStream*)."""
 
     form: ClassVar[str | None] = "subject"
 
