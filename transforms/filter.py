@@ -1,6 +1,7 @@
 """Which changes a sink receives: its actions, its ``source`` filters and its legacy ``table``.
 
-All conditions must hold. ``None`` in ``source`` means no restriction; an empty list includes
+All conditions must hold; the table rules are the config's (:meth:`config.schema.SinkConfig.reads`,
+the same for backfill requests). ``None`` in ``source`` means no restriction; an empty list includes
 nothing. Names compare exactly as Postgres stores them (``public.Orders`` is not
 ``public.orders``), and tables are written ``schema.table`` as in the config. The decision
 depends only on a table's schema and name, so it is made once per table and cached (this runs
