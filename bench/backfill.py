@@ -4,7 +4,7 @@ The table holds ``rows`` rows of a workload's shape, written and vacuumed before
 slot exists (:func:`bench.workloads.write_rows`), so the rows reach walflow only through the
 backfill, never through the WAL as well. walflow (one worker) then starts with its sink's
 ``initial_backfill: true``: it asks for the table, reads it in keyset chunks between
-watermarks (``connectors/postgres/backfill.py``, ``walflow.backfill``'s settings as shipped)
+watermarks (``connectors/postgres/backfill_table.py``, ``walflow.backfill``'s settings as shipped)
 and publishes every row as a ``read``.
 
 - **walflow's rate** is rows over the time from the first read to the last message
