@@ -21,12 +21,9 @@ a chunk's window, so a read could overwrite a newer change.
 a statement that ran past the statement timeout, and never holds more than
 ``max_chunk_rows`` rows or ``max_chunk_mb`` of estimated memory.
 
-**Size** (``core/sizes.py``): a row whose texts add up to more than ``walflow.max_change_mb``
-has its largest values replaced by markers until it fits, as a change's would be; its key and
-ordering columns never (the chunk's keys and where the next one starts are made of them). The
-``SELECT`` has already brought such a value into memory by then, once in libpq's result and
-once as its text, until the chunk is read: a backfill's reader holds up to twice the largest
-value on top of its chunk, where the replication stream holds none of it.
+**Size** (``core/sizes.py``): a row over ``walflow.max_change_mb`` has its largest values
+replaced by markers until it fits, as a change's would be, never its key or ordering columns
+(what that costs in memory: docs/design.md, ``connectors/postgres/chunks.py``).
 """
 
 from __future__ import annotations

@@ -13,12 +13,7 @@ committed). Three kinds:
   enter the stream. ``last`` says it was the table's last chunk; ``error`` that the
   backfill ended without finishing (the table was dropped, …).
 
-**Where a backfill's progress lives.** In the slot: the source never confirms a position
-past the newest ``low`` (or ``request``) of a backfill that is still running
-(:mod:`connectors.postgres.backfill`), so after a crash the replay from the slot's
-confirmed LSN always passes the signal that says where to continue; with ``-r`` the
-source's snapshot holds the same. No table in the user's database, no other store, and
-the progress is confirmed by the very rule that confirms the changes.
+A backfill's progress lives in the slot alone (docs/design.md, ``connectors/postgres/signals.py``).
 
 Each signal names the slot it is meant for: several walflow deployments may read one
 database through slots of their own.
