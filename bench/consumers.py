@@ -41,8 +41,8 @@ from connectors.nats.connection import connect
 from connectors.nats.publisher import AckPublisher
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from core.events import Message
+from core.subjects import subject
 from embedded import ServerError, wait_for
-from transforms import route
 
 #: How often the stream's message count is polled while walflow runs.
 POLL_INTERVAL = 0.05
@@ -269,7 +269,7 @@ async def _publish_async(url: str, prefix: str, database: str, messages: list[Me
     nc = await nats.connect(url, connect_timeout=5)
     try:
         js = nc.jetstream(publish_async_max_pending=window)
-        subjects = [route.subject(prefix, database, m.schema, m.table, m.action) for m in messages]
+        subjects = [subject(prefix, database, m.schema, m.table, m.action) for m in messages]
         began = time.perf_counter()
         futures = [
             await js.publish_async(subject, m.payload, headers={"Nats-Msg-Id": m.msg_id})

@@ -67,7 +67,7 @@ from config.schema import Config, DatabaseConfig, SinkConfig
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.requests import _keyless
 from connectors.postgres.slot import _NO_IDENTITY_QUERY
-from transforms.route import subject
+from core.subjects import database_subjects, subject
 
 NAMES: Final = {Level.OK: "pass", Level.INFO: "info", Level.WARN: "warn", Level.FAIL: "fail"}
 TAGS: Final = {Level.OK: "ok", Level.INFO: "note", Level.WARN: "warn", Level.FAIL: "FAIL"}
@@ -348,7 +348,7 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
         findings.append(Finding(about, Level.FAIL, str(plan.problem)))
     elif plan.action == "use":
         findings.append(Finding(about, Level.OK, f"stream {plan.name} captures the sink's subjects "
-                                f"({dest.subject_prefix}.{sink.database}.>; STREAM.INFO answered)"))
+                                f"({database_subjects(dest.subject_prefix, sink.database)}; STREAM.INFO answered)"))
     elif plan.action == "create":
         findings.append(Finding(about, Level.OK, f"stream {plan.name} does not exist: walflow creates it at start, "
                                 f"capturing {', '.join(plan.subjects)}"))

@@ -44,7 +44,6 @@ from connectors.nats.stream import StreamSetupError, ensure_stream
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
-from core.tokens import subject_token
 from transforms.filter import SinkFilter
 
 
@@ -508,7 +507,7 @@ async def stream_plan(nc: ProbeClient, dest: NatsDestination, database: str) -> 
     """Run the pipeline's stream rules on ``nc``: :class:`Refused`, ``NoRespondersError`` and
     nats-py's ``TimeoutError`` pass through for the caller to word."""
     try:
-        found = await ensure_stream(nc, dest, database, subject_token(database))
+        found = await ensure_stream(nc, dest, database)
     except StreamSetupError as exc:
         return StreamPlan("refused", problem=str(exc))
     except WouldChange as change:

@@ -1,53 +1,25 @@
-"""Subjects and headers: the default subject of a change, and a sink's routing.
+"""A sink's routing: a message's own subject and headers, rendered per message for ``transforms/render.py``.
 
-**The default subject** is ``<prefix>.<database>.<schema>.<table>.<action>``, one NATS token
-per name. Every name is escaped into a token by :func:`core.tokens.subject_token`'s
-documented, reversible rule: only what a token cannot hold is escaped (``.``, ``*``, ``>``,
-whitespace, ``%``), so subjects match Sequin's for every name NATS accepts; a consumer
-recovers any name by percent-decoding the token, and distinct names never share a subject.
-The subject prefix is not escaped: the config already restricts it to dot-separated tokens
-of the safe characters. The publisher computes it itself (``connectors/nats/publisher.py``),
-cached per (prefix, database, schema, table, action): a database has far fewer tables than
-changes.
+A :class:`Router` is built per sink (or table) from its ``routing`` (``config/shaping.py``):
 
-**Routing** (``config/shaping.py``: ``SubjectRouting``, ``RoutingFunction``) gives a message a
-subject and headers of its own; a :class:`Router` renders them per message, for
-``transforms/render.py``:
+- a template: ``{prefix}``, ``{database}``, ``{schema}``, ``{table}``, ``{action}``, ``{sink}``,
+  ``{record.COLUMN}``, ``{record.COLUMN.KEY…}`` (into a JSON value; a digit key indexes an
+  array), ``{metadata.KEY…}``; ``{{`` and ``}}`` write a brace. Compiled once: an unknown
+  placeholder, or a subject no row could make valid, is a :class:`core.errors.FatalError` naming
+  the key. In a subject every name and value is one token (:func:`core.tokens.subject_token`);
+  in a header a value is written as it is, without CR or LF. Only a text, a number, a UUID or a
+  boolean routes: anything else, null above all, is an error, never a default.
+- a function ``fn(action, record, changes, metadata)`` returning ``{"subject": …, "headers": {…}}``
+  (no subject: the default one, as Sequin merges its defaults).
 
-- A template's placeholders are ``{prefix}``, ``{database}``, ``{schema}``, ``{table}``,
-  ``{action}``, ``{sink}``, ``{record.COLUMN}``, ``{record.COLUMN.KEY…}`` (into a JSON value;
-  a digit key indexes an array) and ``{metadata.KEY…}``; ``{{`` and ``}}`` write a brace. A
-  column name holding ``.`` cannot be named. Templates compile once: an unknown placeholder
-  or a subject that no row could make valid is a :class:`core.errors.FatalError` naming the
-  key. Templates without row placeholders render once per (schema, table, action).
-- **Values**: a text as it is, an integer, numeric (positional, as the payload writes it),
-  finite float, UUID by its text, a boolean as ``true``/``false``. Anything else — null
-  above all — is an error: a row that cannot be routed must not land somewhere by default.
-  In a subject every value (and every name but the prefix) becomes one token by
-  :func:`core.tokens.subject_token`, so a value never adds or removes a token; in a header
-  it is written as it is, but must hold no CR or LF.
-- **A routing function** is called ``fn(action, record, changes, metadata)`` and returns a
-  mapping of ``subject`` (a str, used as it is; left out or None: the default subject, as
-  Sequin merges its defaults) and ``headers`` (str → str, optional), nothing else.
-- **Every routed subject** follows NATS's rules for a subject published on: at most
-  :data:`MAX_SUBJECT_BYTES` bytes of UTF-8 (the server reads it in a control line it caps at
-  4 KiB by default and closes the connection over), no whitespace or control character, no
-  empty token, no ``*`` or ``>`` token, no ``$`` at its start (NATS's own ``$JS``, ``$SYS``,
-  ``$KV``…). It must be captured by the sink's stream: JetStream would answer an uncaptured
-  one with "no responders" forever, or, were another stream to capture it, store it where
-  neither the replay scan nor a late re-send looks. With ``msg_id: sequin`` it must also stay
-  under ``<prefix>.<database>.``: Sequin's ids name no sink nor database, and the replay scan
-  tells this sink's messages by those subjects (``connectors/nats/replay.py``).
-- **Headers**: ``Nats-Msg-Id`` is always walflow's: the config refuses ``Nats-*`` names, and
-  a function returning one is an error. ``key_header`` carries ``record_pks`` as a compact
-  JSON array.
+Every routed subject keeps NATS's rules (:func:`core.subjects.subject_problem`) and must be
+captured by the sink's stream; with ``msg_id: sequin`` it stays under ``<prefix>.<database>.``.
+``Nats-Msg-Id`` is always walflow's; ``key_header`` carries ``record_pks`` as compact JSON.
 
-A message that cannot be routed raises :class:`RoutingError`: ``render`` applies the sink's
-``on_error`` to it (stop, or its dead letter on :meth:`Router.dead_letter`, which has no row
-to fail on). Its text names the template or function, the placeholder and what was wrong, by
-kind (``is a list``), never a row's value: not a subject or header rendered from the row,
-nor a key inside a JSON value, nor anything a routing function returned or raised beyond its
-type (a dead letter and the fatal line carry the text).
+A message that cannot be routed raises :class:`RoutingError`: render applies the sink's
+``on_error`` (stop, or its dead letter on :meth:`Router.dead_letter`). Its text names the
+template or function and what was wrong by kind, never a row's value. The README's
+*Shaping what is published* has the reasons.
 """
 
 from __future__ import annotations
@@ -56,7 +28,6 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any, Final, NamedTuple, cast
 from uuid import UUID
 
@@ -64,16 +35,14 @@ import orjson
 
 from config.schema import SinkConfig
 from config.shaping import RoutingFunction, SubjectRouting
-from connectors.nats.stream import tokens_cover
 from core.errors import FatalError, ValueFree
 from core.events import UNCHANGED_TOAST, Row
+from core.subjects import database_root, subject_problem, tokens_cover, too_long
 from core.tokens import subject_token
 from transforms.envelope import a_type
 
 #: The subject a template writes when it writes Sequin's: such a router leaves the subject to the publisher.
 DEFAULT_SUBJECT: Final = "{prefix}.{database}.{schema}.{table}.{action}"
-#: The longest routed subject, in bytes of UTF-8 (see the module's docstring).
-MAX_SUBJECT_BYTES: Final = 1024
 #: The placeholders, as errors list them.
 PLACEHOLDERS: Final = ("{prefix}", "{database}", "{schema}", "{table}", "{action}", "{sink}", "{record.COLUMN}",
                        "{record.COLUMN.KEY}", "{metadata.KEY}")
@@ -120,37 +89,6 @@ class _Shared(NamedTuple):
 
 class RoutingError(ValueFree, ValueError):
     """One message cannot be routed: names the template or function, and what was wrong (no row value)."""
-
-
-@lru_cache(maxsize=65_536)
-def subject(prefix: str, database: str, schema: str, table: str, action: str) -> str:
-    """The subject of one change: ``<prefix>.<database>.<schema>.<table>.<action>``, names escaped."""
-    return ".".join((prefix, subject_token(database), subject_token(schema), subject_token(table), subject_token(action)))
-
-
-def _too_long(subject: str) -> str | None:
-    """Why ``subject`` is too long for NATS, if it is (encoded only when it could be: a character is 4 bytes at most)."""
-    if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
-        return f"it is longer than {MAX_SUBJECT_BYTES} bytes"
-    return None
-
-
-def subject_problem(subject: str) -> str | None:
-    """Why ``subject`` cannot be published on by NATS's rules (the module's docstring); None if it can."""
-    if not subject:
-        return "it is empty"
-    if " " in subject or not subject.isprintable():  # every other whitespace is not printable
-        return "it holds whitespace or a control character"
-    if (long := _too_long(subject)) is not None:
-        return long
-    tokens = subject.split(".")
-    if "" in tokens:
-        return "it has an empty token (a '.' at its start or end, or two in a row)"
-    if "*" in tokens or ">" in tokens:
-        return "it has a wildcard token ('*' or '>'), which cannot be published on"
-    if subject.startswith("$"):
-        return "subjects starting with '$' are NATS's own ($JS, $SYS, $KV, ...)"
-    return None
 
 
 class _Template:
@@ -335,7 +273,7 @@ class Router:
         self._stream_subjects = tuple(stream_subjects)
         self._patterns = [pattern.split(".") for pattern in stream_subjects]
         #: With Sequin's ids: what every subject must start with.
-        self._inside = f"{prefix}.{escaped}." if dest.msg_id == "sequin" else ""
+        self._inside = database_root(prefix, database) if dest.msg_id == "sequin" else ""
         self._function: Function | None = None
         self._subject: _Template | None = None
         self._headers: tuple[tuple[str, _Template], ...] = ()
@@ -502,7 +440,7 @@ class Router:
         """Why a subject of valid tokens cannot be this sink's: too long, not in its stream, or
         (Sequin's ids) outside its database's subjects; None when it can. ``proven``: its
         template's start already says it is in the stream (:meth:`_proves`)."""
-        if (long := _too_long(subject)) is not None:
+        if (long := too_long(subject)) is not None:
             return long
         if proven:
             return None
@@ -556,7 +494,7 @@ def publishes_outside(sink: SinkConfig, database: str) -> bool:
     replay scan reads otherwise: a routing function may, and so may a template (the sink's, a
     table's, the dead letter's: a message too large is one whatever ``on_error`` says) that does
     not start there."""
-    inside = f"{sink.destination.subject_prefix}.{subject_token(database)}."
+    inside = database_root(sink.destination.subject_prefix, database)
     names = (sink.destination.subject_prefix, subject_token(database), "", "", "", subject_token(sink.name))
     templates: list[str] = [sink.dead_letter_subject]
     for routing in (sink.routing, *(table.routing for table in sink.tables)):

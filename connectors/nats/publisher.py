@@ -53,7 +53,7 @@ from connectors.nats.stream import StreamSetupError
 from core.errors import FatalError
 from core.events import Message
 from core.metrics import CounterBatch, Metrics
-from transforms import route
+from core.subjects import subject as default_subject
 
 log = logging.getLogger("walflow.nats")
 
@@ -221,7 +221,7 @@ class AckPublisher:
 
     def _default_subject(self, key: tuple[str, str, str]) -> bytes:
         schema, table, action = key
-        subject = self._subjects[key] = route.subject(self._subject_prefix, self._database, schema, table, action).encode()
+        subject = self._subjects[key] = default_subject(self._subject_prefix, self._database, schema, table, action).encode()
         self._names[subject] = (f"{schema}.{table}", action)
         return subject
 

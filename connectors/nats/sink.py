@@ -53,8 +53,8 @@ from core.errors import FatalError
 from core.events import Message
 from core.ids import IdScheme
 from core.runtime import Runtime
+from core.subjects import database_subjects
 from core.threads import keep_thread_state
-from core.tokens import subject_token
 from transforms.route import publishes_outside
 
 log = logging.getLogger("walflow.nats")
@@ -149,7 +149,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         self.ids = IdScheme(database, sink.name, dest.msg_id)
         #: Every subject this sink publishes on unrouted: also what tells its messages from
         #: others' in the stream when its ids are Sequin's, which name no sink.
-        self.subjects = f"{dest.subject_prefix}.{subject_token(database)}.>"
+        self.subjects = database_subjects(dest.subject_prefix, database)
         #: What the replay scan and late re-sends read: the sink's subjects, or the whole stream
         #: when its routing may publish outside them (the module's docstring).
         self.scanned = ">" if dest.msg_id == "walflow" and publishes_outside(sink, database) else self.subjects
@@ -168,7 +168,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
                 dest = self.sink.destination
                 nc = await connect(dest, name=f"walflow:{self.sink.name}", metrics=self.runtime.metrics)
                 try:
-                    stream = self.stream = await ensure_stream(nc, dest, self.database, subject_token(self.database))
+                    stream = self.stream = await ensure_stream(nc, dest, self.database)
                     await self._check_msg_ids(nc, stream.name)
                     if self._published is None:
                         found = await already_published(nc, stream.name, self.scanned, self.ids, self.replay_from)
@@ -198,7 +198,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
                 continue
             if dest.msg_id != "sequin" or not servers & set(dest.server_urls):
                 continue
-            if await stream_for(nc, dest, subject_token(peer.database)) != stream:
+            if await stream_for(nc, dest, peer.database) != stream:
                 continue
             if peer.database == self.database:
                 who = f"sinks '{self.sink.name}' and '{peer.name}' of database '{self.database}'"
@@ -216,7 +216,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
 
     async def _stream_again(self, nc: WalflowClient) -> None:
         """The stream vanished while running (JetStream answered "no responders"): set it up again."""
-        self.stream = await ensure_stream(nc, self.sink.destination, self.database, subject_token(self.database))
+        self.stream = await ensure_stream(nc, self.sink.destination, self.database)
 
     def _current_stream(self) -> SinkStream:
         assert self.stream is not None, "the stream is set up before any partition is built"

@@ -44,13 +44,12 @@ from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from config.schema import NatsDestination
 from core.errors import FatalError
+from core.subjects import database_subjects, uncaptured
 
 log = logging.getLogger("walflow.nats")
 
 #: The description walflow gives the streams it creates: it edits no other stream.
 OWN_DESCRIPTION: Final = "walflow's events (created by walflow, which adds the subjects of further databases to it)"
-#: The actions that appear as a subject's last token (truncates are not published).
-PUBLISHED_ACTIONS: Final = ("insert", "update", "delete", "read")
 #: JetStream's error codes when a stream cannot be created because of another one that
 #: appeared meanwhile (name in use, subjects overlap): look again.
 _RACED: Final = frozenset({10058, 10065})
@@ -77,34 +76,6 @@ class SinkStream:
     #: What the stream captures, as found: a routed subject must be among them
     #: (:class:`transforms.route.Router`), or JetStream would store it nowhere, or elsewhere.
     subjects: tuple[str, ...]
-
-
-def subject_covers(pattern: str, subject: str) -> bool:
-    """True if every subject matching ``subject`` (which may hold ``*`` and end in ``>``) also matches ``pattern``."""
-    return tokens_cover(pattern.split("."), subject.split("."))
-
-
-def tokens_cover(want: list[str], have: list[str]) -> bool:
-    """:func:`subject_covers` of a pattern and a subject already split into tokens (a router
-    checks every routed subject against the stream's patterns, split once)."""
-    for i, token in enumerate(want):
-        if token == ">":
-            return i < len(have)
-        if i >= len(have) or have[i] == ">":
-            return False
-        if token != "*" and token != have[i]:
-            return False
-    return len(want) == len(have)
-
-
-def sink_subjects(prefix: str, escaped_database: str) -> list[str]:
-    """Every subject a sink of this database publishes on, as one pattern per action."""
-    return [f"{prefix}.{escaped_database}.*.*.{action}" for action in PUBLISHED_ACTIONS]
-
-
-def uncaptured(patterns: list[str], prefix: str, escaped_database: str) -> list[str]:
-    """The sink's subject patterns that none of a stream's ``patterns`` captures (empty: all captured)."""
-    return [s for s in sink_subjects(prefix, escaped_database) if not any(subject_covers(p, s) for p in patterns)]
 
 
 async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -147,41 +118,42 @@ def _found(info: dict[str, Any]) -> SinkStream:
     return SinkStream(config["name"], config["duplicate_window"] / 1e9, tuple(_subjects(info)))  # ns on the wire
 
 
-async def stream_for(nc: Client, dest: NatsDestination, escaped_database: str) -> str:
-    """Where a sink of ``dest`` and this database publishes, without changing anything: the
+async def stream_for(nc: Client, dest: NatsDestination, database: str) -> str:
+    """Where a sink of ``dest`` and ``database`` publishes, without changing anything: the
     stream that captures its subjects, else the one it would create or extend."""
     prefix = dest.subject_prefix
-    for info in await _overlapping(nc, f"{prefix}.{escaped_database}.>"):
-        if not uncaptured(_subjects(info), prefix, escaped_database):
+    for info in await _overlapping(nc, database_subjects(prefix, database)):
+        if not uncaptured(_subjects(info), prefix, database):
             return str(info["config"]["name"])
     return dest.stream.name
 
 
-async def ensure_stream(nc: Client, dest: NatsDestination, database: str, escaped_database: str) -> SinkStream:
+async def ensure_stream(nc: Client, dest: NatsDestination, database: str) -> SinkStream:
     """The stream this sink's events land in: found, created or extended by the rules above;
     a :class:`StreamSetupError` saying what to change when there is none."""
     for attempt in range(_ATTEMPTS):
-        found = await _resolve(nc, dest, database, escaped_database)
+        found = await _resolve(nc, dest, database)
         if found is not None:
             return found
         await asyncio.sleep(random.uniform(0, _JITTER * attempt))
     raise StreamSetupError(
-        f"the JetStream streams kept changing while walflow looked for one capturing '{dest.subject_prefix}."
-        f"{escaped_database}.>' for database '{database}' ({_ATTEMPTS} times): start walflow again once they are set up"
+        f"the JetStream streams kept changing while walflow looked for one capturing "
+        f"'{database_subjects(dest.subject_prefix, database)}' for database '{database}' ({_ATTEMPTS} times): start "
+        "walflow again once they are set up"
     )
 
 
-async def _resolve(nc: Client, dest: NatsDestination, database: str, escaped: str) -> SinkStream | None:
+async def _resolve(nc: Client, dest: NatsDestination, database: str) -> SinkStream | None:
     """One pass of the rules; None when it changed the streams (or raced another process):
     the caller looks again."""
     cfg, prefix = dest.stream, dest.subject_prefix
-    ours = f"{prefix}.{escaped}.>"
+    ours = database_subjects(prefix, database)
     configured = await _info(nc, cfg.name)
-    if configured is not None and not uncaptured(_subjects(configured), prefix, escaped):
+    if configured is not None and not uncaptured(_subjects(configured), prefix, database):
         return _found(configured)  # the common case, and the one request a restart makes
 
     others = [info for info in await _overlapping(nc, ours) if info["config"]["name"] != cfg.name]
-    capturing = [info for info in others if not uncaptured(_subjects(info), prefix, escaped)]
+    capturing = [info for info in others if not uncaptured(_subjects(info), prefix, database)]
     if capturing:
         other = capturing[0]  # JetStream lets no second stream overlap it
         name, subjects = other["config"]["name"], _subjects(other)
@@ -196,7 +168,7 @@ async def _resolve(nc: Client, dest: NatsDestination, database: str, escaped: st
         return _found(other)
     if others:
         partial = "; ".join(f"'{info['config']['name']}' captures {_subjects(info)}" for info in others)
-        missing = uncaptured([s for info in others for s in _subjects(info)], prefix, escaped)
+        missing = uncaptured([s for info in others for s in _subjects(info)], prefix, database)
         raise StreamSetupError(
             f"JetStream streams capture only part of walflow's subjects '{ours}' for database '{database}' ({partial}; "
             f"nothing captures e.g. '{missing[0]}'), and JetStream stores a subject in one stream only: walflow can "
@@ -224,7 +196,7 @@ async def _resolve(nc: Client, dest: NatsDestination, database: str, escaped: st
             "sink's destination.stream."
         )
     subjects = cfg.subjects if cfg.subjects is not None else [ours]
-    missing = uncaptured(subjects, prefix, escaped)
+    missing = uncaptured(subjects, prefix, database)
     if missing:
         raise StreamSetupError(
             f"destination.stream.subjects {subjects} do not capture walflow's subjects '{ours}' for database "

@@ -70,7 +70,7 @@ def _message(table: str, action: str, i: int, commit_ts: float) -> Message:
 def test_acknowledged_messages_are_counted_by_table_and_action_with_their_latency(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, metrics: Metrics
 ) -> None:
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names, metrics, window=8)  # a small window: acks are flushed as it refills
     old, now = time.time() - 100, time.time()
     messages = [_message("t", "insert", i, old) for i in range(30)]
@@ -115,7 +115,7 @@ def test_error_acknowledgements_count_by_code_and_their_resends_as_retries(
     wait_for(lambda: _value(metrics, "walflow_publish_failures_total", sink="orders", code="503") >= 3, timeout=30,
              what="503s to be counted")
     assert not done.is_set()
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     worker.join(60)
     assert done.is_set()
     failures = _value(metrics, "walflow_publish_failures_total", sink="orders", code="503")
@@ -128,7 +128,7 @@ def test_error_acknowledgements_count_by_code_and_their_resends_as_retries(
 def test_a_nats_outage_counts_a_reconnect_and_the_resends(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, metrics: Metrics, nats_srv: Nats
 ) -> None:
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names, metrics)
     nats_srv.stop()
     wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
@@ -158,7 +158,7 @@ def test_routed_messages_are_counted_by_their_table_and_action_not_their_subject
     })
     client = runtime.run(connect(dest, name="walflow-test", metrics=metrics))
     try:
-        runtime.run(ensure_stream(client, dest, "app", "app"))
+        runtime.run(ensure_stream(client, dest, "app"))
         publisher = _publisher(client, names, metrics)
         shared = f"{prefix}.all".encode()
         messages = [

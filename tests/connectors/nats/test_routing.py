@@ -41,7 +41,7 @@ def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestinati
 def nc(dest: NatsDestination) -> Iterator[WalflowClient]:
     client = runtime.run(connect(dest, name="walflow-test"))
     try:
-        runtime.run(ensure_stream(client, dest, "app", "app"))
+        runtime.run(ensure_stream(client, dest, "app"))
         yield client
     finally:
         runtime.run(client.close())
@@ -201,7 +201,7 @@ def test_a_routed_message_sent_again_keeps_its_subject_and_headers(
         worker = threading.Thread(target=publish)
         worker.start()
         assert not done.wait(1.0)  # refused ("no responders") and retried
-        runtime.run(ensure_stream(client, dest, "app", "app"))
+        runtime.run(ensure_stream(client, dest, "app"))
         worker.join(60)
         assert done.is_set()
         assert runtime.run(_stored(client, names.stream)) == [

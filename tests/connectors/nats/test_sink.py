@@ -13,7 +13,7 @@ from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, PermanentPublishError
 from connectors.nats.replay import ids_since
-from connectors.nats.stream import StreamSetupError, ensure_stream, subject_covers
+from connectors.nats.stream import StreamSetupError, ensure_stream
 from core.errors import FatalError
 from core.events import Message
 from core.runtime import Runtime
@@ -66,29 +66,19 @@ async def _stored(nc: WalflowClient, stream: str) -> list[tuple[bytes, str]]:
     return out
 
 
-def test_subject_coverage() -> None:
-    assert subject_covers("walflow.>", "walflow.app.>")
-    assert subject_covers(">", "walflow.app.>")
-    assert subject_covers("walflow.*.>", "walflow.app.>")
-    assert subject_covers("walflow.app.>", "walflow.app.>")
-    assert not subject_covers("walflow.other.>", "walflow.app.>")
-    assert not subject_covers("walflow.app.*", "walflow.app.>")
-    assert not subject_covers("sequin.>", "walflow.app.>")
-
-
 def test_missing_stream_is_created_from_the_config(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
-    found = runtime.run(ensure_stream(nc, dest, "app", "app"))
+    found = runtime.run(ensure_stream(nc, dest, "app"))
     assert (found.name, found.duplicate_window) == (names.stream, 60)
     info = runtime.run(nc.jetstream().stream_info(names.stream))
     assert info.config.subjects == [f"{names.subject_prefix}.app.>"]  # this database's subjects, not the prefix's
     assert info.config.duplicate_window == 60
-    runtime.run(ensure_stream(nc, dest, "app", "app"))  # present and fine: no error, no change
+    runtime.run(ensure_stream(nc, dest, "app"))  # present and fine: no error, no change
 
 
 def test_stream_with_other_subjects_is_a_clear_error(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.other.>"]))
     with pytest.raises(StreamSetupError) as info:
-        runtime.run(ensure_stream(nc, dest, "app", "app"))
+        runtime.run(ensure_stream(nc, dest, "app"))
     assert str(info.value).startswith(
         f"JetStream stream '{names.stream}' captures ['{names.subject_prefix}.other.>'], not walflow's subjects "
         f"'{names.subject_prefix}.app.>' for database 'app'"
@@ -98,7 +88,7 @@ def test_stream_with_other_subjects_is_a_clear_error(nc: WalflowClient, dest: Na
 def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: TestNames, nc: WalflowClient) -> None:
     dest = _dest(nats_srv, names, create_if_not_exists=False)
     with pytest.raises(StreamSetupError, match=f"JetStream stream '{names.stream}' does not exist"):
-        runtime.run(ensure_stream(nc, dest, "app", "app"))
+        runtime.run(ensure_stream(nc, dest, "app"))
 
 
 def _publisher(nc: WalflowClient, prefix: str, window: int = 64) -> AckPublisher:
@@ -108,7 +98,7 @@ def _publisher(nc: WalflowClient, prefix: str, window: int = 64) -> AckPublisher
 
 
 def test_many_in_flight_all_stored_in_order_once(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names.subject_prefix)
     messages = _messages(3000)
     runtime.run(publisher.publish(messages[:2000]))
@@ -124,7 +114,7 @@ def test_many_in_flight_all_stored_in_order_once(nc: WalflowClient, dest: NatsDe
 def test_outage_blocks_then_everything_lands_in_order(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names.subject_prefix, window=50)
     messages = _messages(400)
     runtime.run(publisher.publish(messages[:100]))
@@ -152,7 +142,7 @@ def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, de
     """The invariant behind the size policy, not the policy: render fits every message to the
     server's max_payload (``tests/transforms/test_render.py``, ``tests/dataflows/test_sizes.py``);
     one that came past it (the server's limit fell since) must still never reach the server."""
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names.subject_prefix)
     too_big = Message("public", "t", "insert", b"x" * (nc.max_payload + 1), "big")
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload") as info:
@@ -167,7 +157,7 @@ def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error
     """The server counts headers against max_payload too (and drops the connection over it):
     a payload a few bytes under the limit must be refused by name, not hang the sink (render
     counts them the same way: ``connectors.nats.publisher.payload_room``)."""
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names.subject_prefix)
     almost = Message("public", "t", "insert", b"x" * (nc.max_payload - 10), "almost")
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
@@ -181,7 +171,7 @@ def test_a_stream_named_error_is_not_mistaken_for_an_error(nats_srv: Nats, names
     )
     client = runtime.run(connect(dest, name="walflow-test"))
     try:
-        runtime.run(ensure_stream(client, dest, "app", "app"))
+        runtime.run(ensure_stream(client, dest, "app"))
         publisher = _publisher(client, names.subject_prefix)
         messages = _messages(5)
         runtime.run(publisher.publish(messages))
@@ -211,7 +201,7 @@ def test_a_reconnect_never_puts_a_later_change_ahead(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
     """A send that fails during an outage is settled before anything newer goes out."""
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names.subject_prefix)
     first, second = _messages(2)
     nats_srv.stop()
@@ -231,7 +221,7 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
 ) -> None:
     """An ack lost, NATS away longer than the duplicate window: the message is in the stream,
     JetStream would no longer recognise its id, so walflow checks before sending it again."""
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
+    runtime.run(ensure_stream(nc, dest, "app"))
     subjects = f"{names.subject_prefix}.app.>"
     publisher = AckPublisher(
         nc, subject_prefix=names.subject_prefix, database="app", window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,

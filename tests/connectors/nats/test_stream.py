@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 from config.schema import NatsDestination, SinkConfig
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.sink import JetStreamSink, SharedSequinIdsError
-from connectors.nats.stream import OWN_DESCRIPTION, StreamSetupError, ensure_stream, stream_for, uncaptured
+from connectors.nats.stream import OWN_DESCRIPTION, StreamSetupError, ensure_stream, stream_for
 from core.events import Message
 from core.runtime import Runtime
 from tests.connectors.nats.clients import nats_client
@@ -67,16 +67,6 @@ def _exists(nc: WalflowClient, name: str) -> bool:
     return True
 
 
-def test_the_sinks_subjects_are_one_pattern_per_action() -> None:
-    assert uncaptured(["sequin.>"], "sequin", "app") == []
-    assert uncaptured(["sequin.app.*.*.*"], "sequin", "app") == []
-    assert uncaptured([f"sequin.app.*.*.{a}" for a in ("insert", "update", "delete", "read")], "sequin", "app") == []
-    assert uncaptured(["sequin.app.*.*.insert", "sequin.app.*.*.update"], "sequin", "app") == [
-        "sequin.app.*.*.delete", "sequin.app.*.*.read"]
-    assert len(uncaptured(["sequin.app.public.orders.*"], "sequin", "app")) == 4
-    assert len(uncaptured(["sequin.crm.>"], "sequin", "app")) == 4
-
-
 def test_a_stream_that_captures_the_subjects_is_used_whatever_its_name(
     nc: WalflowClient, nats_srv: Nats, names: TestNames, default_stream: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -84,7 +74,7 @@ def test_a_stream_that_captures_the_subjects_is_used_whatever_its_name(
     _add(nc, names.stream, [f"{names.subject_prefix}.>"], duplicate_window=30)
     dest = _dest(nats_srv, names)  # no destination.stream: the default name, not given
     with caplog.at_level(logging.INFO, logger="walflow.nats"):
-        found = runtime.run(ensure_stream(nc, dest, "app", "app"))
+        found = runtime.run(ensure_stream(nc, dest, "app"))
     assert (found.name, found.duplicate_window) == (names.stream, 30)
     assert not _exists(nc, default_stream)
     assert _subjects(nc, names.stream) == [f"{names.subject_prefix}.>"]  # untouched
@@ -99,7 +89,7 @@ def test_streams_that_capture_the_subjects_only_together_are_used(
 ) -> None:
     prefix = names.subject_prefix
     _add(nc, names.stream, [f"{prefix}.app.*.*.{action}" for action in ("insert", "update", "delete", "read")])
-    assert runtime.run(ensure_stream(nc, _dest(nats_srv, names), "app", "app")).name == names.stream
+    assert runtime.run(ensure_stream(nc, _dest(nats_srv, names), "app")).name == names.stream
     assert not _exists(nc, default_stream)
 
 
@@ -109,7 +99,7 @@ def test_a_stream_that_captures_part_of_the_subjects_is_a_clear_error(
     prefix = names.subject_prefix
     _add(nc, names.stream, [f"{prefix}.app.public.orders.*"])
     with pytest.raises(StreamSetupError) as info:
-        runtime.run(ensure_stream(nc, _dest(nats_srv, names), "app", "app"))
+        runtime.run(ensure_stream(nc, _dest(nats_srv, names), "app"))
     assert str(info.value) == (
         f"JetStream streams capture only part of walflow's subjects '{prefix}.app.>' for database 'app' "
         f"('{names.stream}' captures ['{prefix}.app.public.orders.*']; nothing captures e.g. "
@@ -127,7 +117,7 @@ def test_an_explicit_stream_name_beside_a_capturing_stream_is_an_error(
     _add(nc, names.stream, [f"{prefix}.>"])
     for explicit in ("WALFLOW", "Mine"):  # the default name too, when the config writes it
         with pytest.raises(StreamSetupError) as info:
-            runtime.run(ensure_stream(nc, _dest(nats_srv, names, stream={"name": explicit}), "app", "app"))
+            runtime.run(ensure_stream(nc, _dest(nats_srv, names, stream={"name": explicit}), "app"))
         assert str(info.value) == (
             f"destination.stream.name is '{explicit}', but JetStream stream '{names.stream}' already captures "
             f"walflow's subjects '{prefix}.app.>' for database 'app' (its subjects: ['{prefix}.>']), and JetStream "
@@ -136,7 +126,7 @@ def test_an_explicit_stream_name_beside_a_capturing_stream_is_an_error(
         )
     assert not _exists(nc, default_stream)
     same = _dest(nats_srv, names, stream={"name": names.stream})
-    assert runtime.run(ensure_stream(nc, same, "app", "app")).name == names.stream
+    assert runtime.run(ensure_stream(nc, same, "app")).name == names.stream
 
 
 def test_the_created_stream_captures_this_databases_subjects(nc: WalflowClient, nats_srv: Nats, names: TestNames) -> None:
@@ -144,14 +134,14 @@ def test_the_created_stream_captures_this_databases_subjects(nc: WalflowClient, 
     dest = _dest(nats_srv, names, stream={"name": names.stream, "max_msgs": 1000})
     assert runtime.run(stream_for(nc, dest, "app")) == names.stream  # where it would be: nothing created
     assert not _exists(nc, names.stream)
-    assert runtime.run(ensure_stream(nc, dest, "app", "app")).name == names.stream
+    assert runtime.run(ensure_stream(nc, dest, "app")).name == names.stream
     info = runtime.run(nc.jetstream().stream_info(names.stream))
     assert (info.config.subjects, info.config.description, info.config.max_msgs) == (
         [f"{prefix}.app.>"], OWN_DESCRIPTION, 1000)
     # another stream on the prefix's other subjects can live beside it
     _add(nc, f"{names.stream}_other", [f"{prefix}.billing.>"])
     try:
-        assert runtime.run(ensure_stream(nc, dest, "app", "app")).name == names.stream
+        assert runtime.run(ensure_stream(nc, dest, "app")).name == names.stream
     finally:
         runtime.run(nc.jetstream().delete_stream(f"{names.stream}_other"))
 
@@ -162,10 +152,10 @@ def test_configured_subjects_that_do_not_capture_the_sinks_create_nothing(
     prefix = names.subject_prefix
     dest = _dest(nats_srv, names, stream={"name": names.stream, "subjects": [f"{prefix}.app.public.>"]})
     with pytest.raises(StreamSetupError, match=r"destination.stream.subjects .* do not capture walflow's subjects"):
-        runtime.run(ensure_stream(nc, dest, "app", "app"))
+        runtime.run(ensure_stream(nc, dest, "app"))
     assert not _exists(nc, names.stream)
     wide = _dest(nats_srv, names, stream={"name": names.stream, "subjects": [f"{prefix}.>"]})
-    runtime.run(ensure_stream(nc, wide, "app", "app"))
+    runtime.run(ensure_stream(nc, wide, "app"))
     assert _subjects(nc, names.stream) == [f"{prefix}.>"]
 
 
@@ -174,9 +164,9 @@ def test_two_databases_share_a_stream_walflow_created(nc: WalflowClient, nats_sr
     the stream the first one created, its other settings kept."""
     prefix = names.subject_prefix
     dest = _dest(nats_srv, names, stream={"name": names.stream, "duplicate_window_ms": 45_000})
-    runtime.run(ensure_stream(nc, dest, "app", "app"))
-    runtime.run(ensure_stream(nc, dest, "crm", "crm"))
-    assert runtime.run(ensure_stream(nc, dest, "app", "app")).name == names.stream  # both captured now: no change
+    runtime.run(ensure_stream(nc, dest, "app"))
+    runtime.run(ensure_stream(nc, dest, "crm"))
+    assert runtime.run(ensure_stream(nc, dest, "app")).name == names.stream  # both captured now: no change
     info = runtime.run(nc.jetstream().stream_info(names.stream))
     assert (info.config.subjects, info.config.duplicate_window) == ([f"{prefix}.app.>", f"{prefix}.crm.>"], 45)
 
@@ -187,10 +177,10 @@ def test_databases_starting_together_all_end_up_captured(nc: WalflowClient, nats
     databases = [f"db{i}" for i in range(5)]
 
     async def together() -> None:
-        await asyncio.gather(*(ensure_stream(nc, dest, db, db) for db in databases))
+        await asyncio.gather(*(ensure_stream(nc, dest, db) for db in databases))
         # an update that raced another one may have dropped a subject: each process finds out
         # at its next publish ("no responders") and sets the stream up again, as this does
-        await asyncio.gather(*(ensure_stream(nc, dest, db, db) for db in databases))
+        await asyncio.gather(*(ensure_stream(nc, dest, db) for db in databases))
 
     runtime.run(together())
     assert sorted(_subjects(nc, names.stream)) == [f"{names.subject_prefix}.{db}.>" for db in databases]
@@ -200,9 +190,9 @@ def test_an_operators_stream_is_never_edited(nc: WalflowClient, nats_srv: Nats, 
     prefix = names.subject_prefix
     _add(nc, names.stream, [f"{prefix}.app.>"])  # the same subjects walflow would choose, but not created by it
     dest = _dest(nats_srv, names, stream={"name": names.stream})
-    assert runtime.run(ensure_stream(nc, dest, "app", "app")).name == names.stream
+    assert runtime.run(ensure_stream(nc, dest, "app")).name == names.stream
     with pytest.raises(StreamSetupError) as info:
-        runtime.run(ensure_stream(nc, dest, "crm", "crm"))
+        runtime.run(ensure_stream(nc, dest, "crm"))
     assert str(info.value).startswith(
         f"JetStream stream '{names.stream}' captures ['{prefix}.app.>'], not walflow's subjects '{prefix}.crm.>' "
         "for database 'crm': its events would be rejected."
@@ -282,7 +272,7 @@ def test_a_subject_lost_to_a_racing_update_is_added_again_at_the_next_publish(
     nc: WalflowClient, nats_srv: Nats, names: TestNames
 ) -> None:
     prefix = names.subject_prefix
-    runtime.run(ensure_stream(nc, _dest(nats_srv, names, stream={"name": names.stream}), "app", "app"))
+    runtime.run(ensure_stream(nc, _dest(nats_srv, names, stream={"name": names.stream}), "app"))
     sink = JetStreamSink(_sink(nats_srv, names, "crm-out", database="crm", stream={"name": names.stream}),
                          "crm", 0, runtime, "slot")
     try:
