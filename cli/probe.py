@@ -38,12 +38,13 @@ from nats.errors import NoRespondersError
 from psycopg.conninfo import make_conninfo
 
 from config.schema import DatabaseConfig, HealthSettings, NatsDestination, SinkConfig
-from connectors.nats.connection import _credentials_hint, _is_auth_violation, connect_options, permission_error
+from connectors.nats.connection import _credentials_hint, connect_options, permission_error, sorted_as
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.stream import StreamSetupError, ensure_stream
+from connectors.nats.stream import ensure_stream
 from connectors.postgres.connection import conninfo
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
+from core.errors import NatsAuthError, NatsPermissionError, StreamSetupError, nats_error
 from transforms.filter import SinkFilter
 
 
@@ -436,7 +437,7 @@ async def open_nats(dest: NatsDestination, name: str) -> ProbeClient:
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
-        if "permissions violation" in str(exc).lower():
+        if sorted_as(exc) is NatsPermissionError:
             client.refused(str(exc))
         else:
             errors.append(first_line(exc))
@@ -449,7 +450,7 @@ async def open_nats(dest: NatsDestination, name: str) -> ProbeClient:
     except Exception as exc:  # noqa: BLE001 - every failure to connect is a finding, not a traceback
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.close(), 2)
-        if _is_auth_violation(exc) or any("authorization violation" in e.lower() for e in errors):
+        if sorted_as(exc) is NatsAuthError or any(nats_error(e) is NatsAuthError for e in errors):
             raise ProbeError(f"NATS at {servers} refused the credentials ({first_line(exc)})",
                              f"check {_credentials_hint(dest)} against the server's users or accounts") from None
         reason = errors[-1] if errors else first_line(exc)

@@ -112,3 +112,108 @@ BACKFILL_QUERY: Final[Mapping[str, BackfillOutcome]] = {
     "22": "end",  # data exception
     "42": "end",  # syntax error or access rule violation (42P01: the table was dropped)
 }
+
+
+# -- NATS and JetStream: one table per kind of answer, by the server's text or JetStream's code -------
+
+
+def by_code(table: Mapping[int, T], code: int, default: T) -> T:
+    """``table``'s entry for JetStream's ``code`` (HTTP's numbers): the code itself, else its
+    class (``code // 100``: 4 for 4xx, 5 for 5xx), else ``default``."""
+    return table.get(code, table.get(code // 100, default))
+
+
+class NatsAuthError(FatalError):
+    """The NATS server refused the sink's credentials."""
+
+
+class NatsPermissionError(FatalError):
+    """The NATS server refused a request the sink's user has no permission for."""
+
+
+class NatsUnavailable(TransientError):
+    """NATS did not answer, or dropped the connection: waited for, and retried."""
+
+
+#: What the NATS server's ``-ERR`` says, by the words it holds (lower case; nats-py passes the
+#: text on, ``nats: 'Authorization Violation'``). Any other error is :class:`NatsUnavailable`.
+NATS_SERVER: Final[Mapping[str, type[WalflowError]]] = {
+    "authorization violation": NatsAuthError,  # at connect: the credentials (retrying cannot fix them)
+    "permissions violation": NatsPermissionError,  # a request refused (it times out: the text comes first)
+}
+
+
+def nats_error(text: str) -> type[WalflowError]:
+    """The class of a NATS server's error ``text`` (:data:`NATS_SERVER`)."""
+    lowered = text.lower()
+    for words, kind in NATS_SERVER.items():
+        if words in lowered:
+            return kind
+    return NatsUnavailable
+
+
+class StreamSetupError(FatalError):
+    """No stream can hold the sink's events as configured; the message says what to change."""
+
+
+#: What stream setup does with an error of JetStream's API (``$JS.API.STREAM.*``), by its
+#: ``err_code``, else its ``code``: ``again``, the streams changed meanwhile (another process
+#: created one: name in use, subjects overlap) and the lookup starts over; ``missing``, the stream
+#: does not exist (or was deleted meanwhile); ``refused``, a :class:`StreamSetupError` quoting
+#: JetStream. Anything else (a timeout, a 5xx) is raised as it is.
+StreamOutcome = Literal["again", "missing", "refused"]
+JETSTREAM_API: Final[Mapping[int, StreamOutcome]] = {
+    10058: "again",  # stream name already in use
+    10065: "again",  # subjects overlap with an existing stream
+    404: "missing",
+    400: "refused",
+}
+
+
+def stream_outcome(code: int | None, err_code: int | None) -> StreamOutcome | None:
+    """What stream setup does with a JetStream API error (:data:`JETSTREAM_API`); None: raise it."""
+    found = JETSTREAM_API.get(err_code or 0)
+    return found if found is not None else JETSTREAM_API.get(code or 0)
+
+
+class PublishError(WalflowError):
+    """One message was not stored; ``code`` is JetStream's error code when it answered (None: it
+    did not), as ``walflow_publish_failures_total`` counts it. Not raised: the publisher keeps it
+    with the message, re-sends it when it is a :class:`TransientError` and stops otherwise."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def retryable(self) -> bool:
+        return isinstance(self, TransientError)
+
+
+class PublishFailed(PublishError, TransientError):
+    """Sending the message again may store it: no ack in time, a disconnect, a JetStream 5xx."""
+
+
+class PublishRefused(PublishError, FatalError):
+    """Sending the message again cannot store it: a JetStream 4xx, larger than ``max_payload``."""
+
+
+class NoStreamError(PublishFailed):
+    """No stream captures the subject (JetStream's 503 "no responders"): set it up again, re-send."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no stream captures subject {subject}", "503")
+
+
+class PermanentPublishError(FatalError):
+    """JetStream refused a message for a reason that retrying cannot fix: the pipeline stops."""
+
+
+#: A publish's error acknowledgement, by its ``code`` (:func:`by_code`); any other code,
+#: 4xx above all (a bad header, a message too large), is :class:`PublishRefused`.
+JETSTREAM_PUBLISH: Final[Mapping[int, type[PublishError]]] = {
+    408: PublishFailed,  # request timeout
+    409: PublishFailed,  # conflict (e.g. a leader change)
+    429: PublishFailed,  # too many requests
+    5: PublishFailed,  # the server's side: 500, 503 (e.g. no quorum, maximum messages exceeded)
+}

@@ -4,12 +4,13 @@ Reconnects never give up (nats-py stops after 60 attempts by default), and nats-
 buffering while disconnected is off: it would flush buffered publishes ahead of the ones
 walflow re-sends itself, reordering a row's changes. walflow owns every re-send.
 
-What nats-py reports is sorted here. An unreachable server is waited for (transient).
-Credentials the server refuses at the first connect are a :class:`NatsAuthError`, since
-retrying cannot fix them (nats-py itself would retry forever). A "Permissions Violation"
+What nats-py reports is sorted by :func:`sorted_as`, which looks the server's words up in
+:data:`core.errors.NATS_SERVER`. An unreachable server is waited for (transient).
+Credentials the server refuses at the first connect are a :class:`~core.errors.NatsAuthError`,
+since retrying cannot fix them (nats-py itself would retry forever). A "Permissions Violation"
 arrives only through ``error_cb``, while the request it refused just times out: it is
 recorded on the client, and :func:`permission_error` turns the failure that follows into
-a :class:`NatsPermissionError` naming what to grant.
+a :class:`~core.errors.NatsPermissionError` naming what to grant.
 
 Every lost connection, and every failed first connect, counts in ``walflow_reconnects_total``
 (``component="nats"``), its cause the last error nats-py reported before it.
@@ -29,7 +30,7 @@ from nats.aio.client import RawCredentials
 
 from config.schema import NatsDestination
 from connectors.nats.natspy import WalflowClient
-from core.errors import FatalError
+from core.errors import NatsAuthError, NatsPermissionError, WalflowError, nats_error
 from core.metrics import Metrics
 
 log = logging.getLogger("walflow.nats")
@@ -80,14 +81,6 @@ def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
     return options
 
 
-class NatsAuthError(FatalError):
-    """The NATS server refused the sink's credentials."""
-
-
-class NatsPermissionError(FatalError):
-    """The NATS server refused a request the sink's user has no permission for."""
-
-
 def _disconnect_cause(exc: BaseException | None) -> str:
     """``walflow_reconnects_total``'s cause for a connection lost after nats-py reported ``exc``."""
     if isinstance(exc, nats.errors.UnexpectedEOF):
@@ -97,8 +90,12 @@ def _disconnect_cause(exc: BaseException | None) -> str:
     return "disconnected"  # nats-py reports no error for unanswered pings or a protocol error
 
 
-def _is_auth_violation(exc: BaseException) -> bool:
-    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
+def sorted_as(exc: BaseException) -> type[WalflowError]:
+    """The class :mod:`core.errors` gives what nats-py reported: the server's words
+    (:func:`core.errors.nats_error`), of which nats-py's own ``AuthorizationError`` is one."""
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return NatsAuthError  # nats-py's name for the server's "Authorization Violation"
+    return nats_error(str(exc))
 
 
 def _credentials_hint(dest: NatsDestination) -> str:
@@ -145,9 +142,10 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
     async def on_error(exc: Exception) -> None:
         nonlocal last_error
         last_error = exc
-        if connecting and _is_auth_violation(exc):
+        kind = sorted_as(exc)
+        if connecting and kind is NatsAuthError:
             raise _Refused(str(exc))
-        if "permissions violation" in str(exc).lower():
+        if kind is NatsPermissionError:
             if client is not None:
                 client.permission_violation = str(exc)
             warn("permission", "NATS at %s: %s", servers, exc)
@@ -179,7 +177,7 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
             connecting = False
             return client
         except (_Refused, TimeoutError, OSError, nats.errors.Error) as exc:
-            if isinstance(exc, _Refused) or _is_auth_violation(exc):
+            if isinstance(exc, _Refused) or sorted_as(exc) is NatsAuthError:
                 with contextlib.suppress(Exception):  # a half-open client: nothing more to do with it
                     await asyncio.wait_for(client.close(), 5)
                 raise NatsAuthError(

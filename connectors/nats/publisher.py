@@ -17,8 +17,8 @@ JetStream error), :meth:`AckPublisher.settle` waits for the rest of the window a
 the failed ones in their original order, with backoff, until JetStream takes them; their
 ``Nats-Msg-Id`` makes a message that was stored after all (its ack lost) a duplicate that
 JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too large, a
-bad header) stops the flow with :class:`PermanentPublishError`, a fatal error. This is the
-one place that decides which JetStream errors are retried. A message over the server's
+bad header) stops the flow with a :class:`core.errors.PermanentPublishError`; which codes are
+retried is :data:`core.errors.JETSTREAM_PUBLISH`'s to say. A message over the server's
 ``max_payload`` is refused here before it is sent (the server would drop the connection), but
 none should come: render fits every message to it first (``core/sizes.py``), so this is the
 invariant behind that policy, not a policy of its own.
@@ -49,43 +49,28 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.stream import StreamSetupError
-from core.errors import FatalError
+from core.errors import (
+    JETSTREAM_PUBLISH,
+    NoStreamError,
+    PermanentPublishError,
+    PublishError,
+    PublishFailed,
+    PublishRefused,
+    StreamSetupError,
+    by_code,
+)
 from core.events import Message
 from core.metrics import CounterBatch, Metrics
 from core.subjects import subject as default_subject
 
 log = logging.getLogger("walflow.nats")
 
-#: JetStream answers these 4xx codes for conditions that pass by themselves.
-_TRANSIENT_4XX = {408, 409, 429}
 _SEQ = re.compile(rb'"seq":\s*(\d+)')
 #: An ack that carries an error object (a stream may well be named "error": match the key).
 _ERROR = re.compile(rb'"error"\s*:')
 #: Once the window is full, wait until this share of it is acknowledged before sending
 #: more: a wake-up per ack would send one message per socket write.
 _REFILL = 4
-
-
-class PublishError(Exception):
-    """One message was not stored; ``retryable`` says whether sending it again can help;
-    ``code`` is JetStream's error code when JetStream answered (None: it did not)."""
-
-    def __init__(self, message: str, retryable: bool, code: str | None = None) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.code = code
-
-
-class NoStreamError(PublishError):
-    """No stream captures the subject (JetStream's 503 "no responders")."""
-
-    def __init__(self, subject: str) -> None:
-        super().__init__(f"no stream captures subject {subject}", True, "503")
-
-
-class PermanentPublishError(FatalError):
-    """JetStream refused a message for a reason that retrying cannot fix."""
 
 
 @dataclass(slots=True)
@@ -363,14 +348,15 @@ class AckPublisher:
         nc = self._nc
         if not nc.is_connected:
             self._inflight.extend(entries)
-            reason = "the NATS connection was closed for good (see the errors above)" if nc.is_closed else None
+            closed = nc.is_closed
             for entry in entries:
-                entry.error = PublishError(reason or "NATS is disconnected", reason is None)
+                entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
+                               else PublishFailed("NATS is disconnected"))
             return not entries
         commands = (self._routed_commands if self._routes else self._commands)(entries, nc.max_payload)
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
-                entry.error = PublishError("NATS is disconnected", True)
+                entry.error = PublishFailed("NATS is disconnected")
             return False
         return len(commands) == len(entries)
 
@@ -457,12 +443,13 @@ class AckPublisher:
 
 def _too_large(size: int, max_payload: int) -> PublishError:
     """A message the server would drop the connection over: refused here, by name."""
-    return PublishError(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with its "
-                        "headers)", False)
+    return PublishRefused(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with "
+                          "its headers)")
 
 
 def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError:
-    """What an ack without a sequence says went wrong."""
+    """What an ack without a sequence says went wrong: its class by JetStream's code
+    (:data:`core.errors.JETSTREAM_PUBLISH`)."""
     status = headers.split(b"\r\n", 1)[0][len(b"NATS/1.0"):].strip() if headers else b""
     if status.startswith(b"503"):
         return NoStreamError(subject)
@@ -470,8 +457,7 @@ def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError
         error = json.loads(data).get("error")
         code = int(error.get("code", 500))
     except (ValueError, AttributeError, TypeError):
-        return PublishError(f"unreadable acknowledgement {status.decode(errors='replace')} {data[:100]!r}", True,
-                            "unreadable")
-    retryable = code >= 500 or code in _TRANSIENT_4XX
-    return PublishError(f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})",
-                        retryable, str(code))
+        return PublishFailed(f"unreadable acknowledgement {status.decode(errors='replace')} {data[:100]!r}",
+                             "unreadable")
+    kind: type[PublishError] = by_code(JETSTREAM_PUBLISH, code, PublishRefused)
+    return kind(f"{error.get('description', 'error')} (code {code}, err_code {error.get('err_code')})", str(code))

@@ -40,19 +40,16 @@ from typing import Any, Final
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, StorageType
 from nats.js.api import StreamConfig as JsStreamConfig
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError
 
 from config.schema import NatsDestination
-from core.errors import FatalError
+from core.errors import StreamSetupError, stream_outcome
 from core.subjects import database_subjects, uncaptured
 
 log = logging.getLogger("walflow.nats")
 
 #: The description walflow gives the streams it creates: it edits no other stream.
 OWN_DESCRIPTION: Final = "walflow's events (created by walflow, which adds the subjects of further databases to it)"
-#: JetStream's error codes when a stream cannot be created because of another one that
-#: appeared meanwhile (name in use, subjects overlap): look again.
-_RACED: Final = frozenset({10058, 10065})
 #: How often the whole lookup is repeated when other processes change the streams meanwhile,
 #: and the most seconds each repetition waits more than the one before (at random, so that
 #: processes updating the same stream fall out of step: an update replaces the subjects whole).
@@ -60,10 +57,6 @@ _ATTEMPTS: Final = 10
 _JITTER: Final = 0.05
 _API: Final = "$JS.API"
 _TIMEOUT: Final = 5.0
-
-
-class StreamSetupError(FatalError):
-    """No stream can hold the sink's events as configured; the message says what to change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +84,10 @@ async def _info(nc: Client, name: str) -> dict[str, Any] | None:
     """A stream's info as the server sends it (its whole config kept, for an update); None if there is none."""
     try:
         return await _api(nc, f"STREAM.INFO.{name}")
-    except NotFoundError:
-        return None
+    except APIError as exc:
+        if stream_outcome(exc.code, exc.err_code) == "missing":
+            return None
+        raise
 
 
 async def _overlapping(nc: Client, subject: str) -> list[dict[str, Any]]:
@@ -218,9 +213,12 @@ async def _resolve(nc: Client, dest: NatsDestination, database: str) -> SinkStre
                 discard=DiscardPolicy.OLD,
             )
         )
-    except BadRequestError as exc:
-        if exc.err_code in _RACED:
+    except APIError as exc:
+        outcome = stream_outcome(exc.code, exc.err_code)
+        if outcome == "again":
             return None  # another process created a stream meanwhile: look again
+        if outcome != "refused":
+            raise
         raise StreamSetupError(f"JetStream refused to create stream '{cfg.name}' on {subjects}: {exc.description}") from None
     log.info("created JetStream stream '%s' for %s", cfg.name, ", ".join(subjects))
     return None
@@ -231,11 +229,12 @@ async def _add_subject(nc: Client, info: dict[str, Any], subject: str) -> None:
     config = dict(info["config"], subjects=[*_subjects(info), subject])
     try:
         await _api(nc, f"STREAM.UPDATE.{config['name']}", config)
-    except NotFoundError:
-        return  # deleted meanwhile: the next pass creates it
-    except BadRequestError as exc:
-        if exc.err_code in _RACED:
-            return
+    except APIError as exc:
+        outcome = stream_outcome(exc.code, exc.err_code)
+        if outcome in ("missing", "again"):
+            return  # deleted meanwhile, or changed by another process: the next pass sees it
+        if outcome != "refused":
+            raise
         raise StreamSetupError(
             f"JetStream refused to add '{subject}' to stream '{config['name']}': {exc.description}"
         ) from None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, NoStreamError, _InFlight
+from connectors.nats.publisher import AckPublisher, _InFlight
+from core.errors import NoStreamError
 from core.events import Message
 
 MESSAGE = Message("public", "orders", "insert", b"{}", "id-1", 0.0)

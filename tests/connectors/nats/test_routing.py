@@ -14,9 +14,10 @@ import pytest
 from config.schema import NatsDestination, SinkConfig
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, PermanentPublishError, payload_room
+from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import ensure_stream
+from core.errors import PermanentPublishError
 from core.events import Message
 from core.ids import IdScheme
 from core.runtime import Runtime

@@ -11,10 +11,10 @@ import pytest
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, PermanentPublishError
+from connectors.nats.publisher import AckPublisher
 from connectors.nats.replay import ids_since
-from connectors.nats.stream import StreamSetupError, ensure_stream
-from core.errors import FatalError
+from connectors.nats.stream import ensure_stream
+from core.errors import FatalError, PermanentPublishError, StreamSetupError
 from core.events import Message
 from core.runtime import Runtime
 from embedded import wait_for

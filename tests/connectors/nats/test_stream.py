@@ -20,7 +20,8 @@ from nats.js.errors import NotFoundError
 from config.schema import NatsDestination, SinkConfig
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.sink import JetStreamSink, SharedSequinIdsError
-from connectors.nats.stream import OWN_DESCRIPTION, StreamSetupError, ensure_stream, stream_for
+from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream, stream_for
+from core.errors import StreamSetupError
 from core.events import Message
 from core.runtime import Runtime
 from tests.connectors.nats.clients import nats_client
