@@ -254,22 +254,23 @@ def _unescape(token: str) -> str:
     return "" if token == "%" else unquote(token, errors="surrogatepass")
 
 
-def _as_made(messages: list[StoredMessage], prefix: str) -> tuple[str, list[Message]]:
-    """walflow's messages as its envelope made them, read back from their subjects, and the
-    database they name: a publisher given another prefix puts them where a fresh stream takes them."""
-    cut, database = len(prefix) + 1, ""
+def _as_made(messages: list[StoredMessage], source_prefix: str, prefix: str) -> list[Message]:
+    """walflow's messages as its envelope made them, read back from their subjects and moved
+    under ``prefix``, where a fresh stream takes them."""
+    cut = len(source_prefix) + 1
     out: list[Message] = []
     for m in messages:
         database, schema, table, action = (_unescape(token) for token in m.subject[cut:].split("."))
-        out.append(Message(schema, table, action, m.data, m.msg_id))
-    return database, out
+        out.append(Message(subject(prefix, database, schema, table, action).encode(), m.data, m.msg_id,
+                           (f"{schema}.{table}", action)))
+    return out
 
 
-async def _publish_async(url: str, prefix: str, database: str, messages: list[Message], window: int) -> float:
+async def _publish_async(url: str, messages: list[Message], window: int) -> float:
     nc = await nats.connect(url, connect_timeout=5)
     try:
         js = nc.jetstream(publish_async_max_pending=window)
-        subjects = [subject(prefix, database, m.schema, m.table, m.action) for m in messages]
+        subjects = [m.subject.decode() for m in messages]
         began = time.perf_counter()
         futures = [
             await js.publish_async(subject, m.payload, headers={"Nats-Msg-Id": m.msg_id})
@@ -285,14 +286,10 @@ async def _publish_async(url: str, prefix: str, database: str, messages: list[Me
         await nc.close()
 
 
-async def _ack_publisher(
-    host: str, port: int, prefix: str, database: str, messages: list[Message], window: int, batch: int
-) -> float:
+async def _ack_publisher(host: str, port: int, messages: list[Message], window: int, batch: int) -> float:
     nc = await connect(NatsDestination.model_validate({"type": "nats", "host": host, "port": port}), name="bench")
     try:
-        publisher = AckPublisher(
-            nc, subject_prefix=prefix, database=database, window=window, ack_timeout=10.0, label="bench"
-        )
+        publisher = AckPublisher(nc, window=window, ack_timeout=10.0, label="bench")
         await publisher.start()
         began = time.perf_counter()
         for i in range(0, len(messages), batch):
@@ -319,18 +316,18 @@ def sink_ceilings(
     host, port = js.url.removeprefix("nats://").rsplit(":", 1)
     results: dict[str, Any] = {"messages": len(messages), "window": window,
                                "avg_payload_bytes": round(sum(len(m.data) for m in messages) / max(len(messages), 1))}
-    runs: dict[str, Callable[[str, str, list[Message]], Coroutine[Any, Any, float]]] = {
-        "publish_async": lambda prefix, db, msgs: _publish_async(js.url, prefix, db, msgs, window),
-        "ack_publisher": lambda prefix, db, msgs: _ack_publisher(host, int(port), prefix, db, msgs, window, batch),
+    runs: dict[str, Callable[[list[Message]], Coroutine[Any, Any, float]]] = {
+        "publish_async": lambda msgs: _publish_async(js.url, msgs, window),
+        "ack_publisher": lambda msgs: _ack_publisher(host, int(port), msgs, window, batch),
     }
-    database, made = _as_made(messages, source_prefix)
     for name, publish in runs.items():
         prefix = f"ceil_{name}_{tag}"
         stream = prefix.upper()
+        made = _as_made(messages, source_prefix, prefix)
         js.add_stream(stream, [f"{prefix}.>"])
         try:
             machine = CpuSnapshot.take()
-            seconds = js.run(publish(prefix, database, made))
+            seconds = js.run(publish(made))
             shares = CpuSnapshot.take().shares_since(machine)
             stored = js.count(stream)
             if stored != len(messages):

@@ -8,10 +8,10 @@ works on those texts and never needs a converted value, so the CPU-heavy part
 (:mod:`transforms.convert` and the envelope) can run on whichever worker owns the key.
 
 :class:`Change` is the same change with values converted (numbers, datetimes, JSON, …);
-the envelope renders it. :class:`Message` is what an envelope produces: payload and id,
-plus the names a sink addresses it by.
+the envelope renders it. :class:`Message` is what a sink publishes: subject, payload, id and
+headers.
 
-All are ``NamedTuple``: immutable, cheap to build, and dropped from the garbage
+Changes are ``NamedTuple``: immutable, cheap to build, and dropped from the garbage
 collector's lists when they hold no containers. Markers are pickle-stable, so they are
 recognised after an item crossed to another process: ``UNCHANGED_TOAST`` is a singleton (``is``
 keeps working), an :class:`OversizedValue` a plain class (``type(x) is OversizedValue``).
@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, Self
+from typing import Any, Final, Literal, NamedTuple, Self, final
 
 #: ``read`` is a row a backfill read from the table, not a change the log recorded.
 Action = Literal["insert", "update", "delete", "read", "truncate"]
@@ -259,30 +259,41 @@ class Change(NamedTuple):
     pks: tuple[str, ...] = ()
 
 
-class Message(NamedTuple):
-    """An envelope's output: the payload and its idempotency id, and the names a sink addresses it by.
+@final
+class Message:
+    """What a sink publishes: its subject, payload, ``Nats-Msg-Id`` and further header lines,
+    and what its acknowledgement is counted under (as Bytewax's ``KafkaSinkMessage`` carries its
+    topic). Render builds every one (the envelope, shaping, dead letters) and nothing changes
+    one after: each attribute is ``Final``. A class with ``__slots__``, built positionally on the
+    hot path: a frozen dataclass costs three times as much (``bench/results/2026-12-02-issue24-sink.md``)."""
 
-    Compact on purpose: items crossing processes are pickled. ``subject`` and ``headers``
-    are a routed message's (:class:`transforms.route.Router`); a message built by
-    ``tuple.__new__`` of its first six fields only (the envelope's, on the hot path) has
-    neither, not even as defaults: it is published on the default subject, and readers
-    take the two by ``len(message)``, never by attribute.
-    """
+    __slots__ = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
 
-    schema: str
-    table: str
-    action: str
-    payload: bytes
-    #: The idempotency id (``Nats-Msg-Id``), stable across replays (:mod:`core.ids`).
-    msg_id: str
-    #: The commit's time (Unix seconds; 0.0 for a backfill's read): where the sink's commit →
-    #: acknowledgement latency starts (``walflow_commit_to_ack_seconds``).
-    commit_ts: float = 0.0
-    #: The subject it is published on; None: ``<prefix>.<database>.<schema>.<table>.<action>``,
-    #: which the publisher computes itself (:func:`transforms.route.subject`).
-    subject: bytes | None = None
-    #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
-    headers: bytes = b""
+    def __init__(self, subject: bytes, payload: bytes, msg_id: str, labels: tuple[str, str], commit_ts: float = 0.0,
+                 headers: bytes = b"") -> None:
+        #: Where it is published: ``<prefix>.<database>.<schema>.<table>.<action>`` (:func:`core.subjects.subject`)
+        #: unless routing gave it another.
+        self.subject: Final = subject
+        self.payload: Final = payload
+        #: The idempotency id (``Nats-Msg-Id``), stable across replays (:mod:`core.ids`).
+        self.msg_id: Final = msg_id
+        #: ``(schema.table, action)`` of its change: ``walflow_changes_published_total``'s labels,
+        #: one tuple per table and action (its acknowledgement is counted by it).
+        self.labels: Final = labels
+        #: The commit's time (Unix seconds; 0.0 for a backfill's read or a dead letter): where the
+        #: commit → acknowledgement latency starts (``walflow_commit_to_ack_seconds``).
+        self.commit_ts: Final = commit_ts
+        #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
+        self.headers: Final = headers
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Message and all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and not meant as a key
+
+    def __repr__(self) -> str:
+        return (f"Message({self.subject!r}, {len(self.payload)} bytes, {self.msg_id!r}, {self.labels!r}, "
+                f"{self.commit_ts!r}, {self.headers!r})")
 
 
 class JsonText:

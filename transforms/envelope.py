@@ -1,7 +1,8 @@
 """The envelope: one change as Sequin's JSON payload and its idempotency id, a :class:`core.events.Message`.
 
-The envelope does not address the message: the sink gives it its subject from the names
-the message carries (``transforms/route.py``).
+The envelope addresses the message too: its default subject (:func:`core.subjects.subject`)
+and its metrics' labels, cached per table and action with the payload's head; routing may
+give it another (``transforms/render.py``).
 
 The payload is exactly what Sequin publishes (``shared/CONTRACT.md``; Sequin's
 ``consumer_event_data.ex`` and ``consumers.ex``), so Sequin consumers keep working::
@@ -104,6 +105,7 @@ from core.events import (
 )
 from core.ids import IdScheme
 from core.jsontext import is_json
+from core.subjects import subject as default_subject
 from transforms.convert import warn_once
 from transforms.record import changed_values
 
@@ -120,7 +122,6 @@ _ID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/walflo
 #: Whole-second times are written alike, but taken as exact too: one pattern is cheaper.
 _EXACT_TIMESTAMP: Final = re.compile(rb':\d\d:\d\d(?:"|Z"|[+-]|\.\d{5}"|\.\d{6}[+-])')
 _dumps: Final = orjson.dumps
-_new_message: Final = tuple.__new__
 #: The payload around its parts: record, changes, head (:meth:`Envelope._head`), commit
 #: timestamp, commit LSN and index, idempotency key, record_pks, transaction annotations, and
 #: the tail from ``"enrichment"`` to the end.
@@ -376,8 +377,11 @@ class Envelope:
         self._end = b'"consumer":%s,"database":%s}}' % (_json(self._consumer), _json(self._described))
         #: The end of a payload without enrichment.
         self._tail = b'"enrichment":null,' + self._end
-        #: (schema, table, action) -> the payload text that depends on them only: see _head.
-        self._heads: dict[tuple[str, str, str], bytes] = {}
+        #: Where its messages are published, unrouted (:func:`core.subjects.subject`).
+        self._prefix = sink.destination.subject_prefix
+        #: (schema, table, action) -> what depends on them only: the payload's text (see _head),
+        #: the default subject and the metrics' labels (:class:`core.events.Message`).
+        self._heads: dict[tuple[str, str, str], tuple[bytes, bytes, tuple[str, str]]] = {}
         #: Values the exact encoder rewrites before to_json, by exact type; all others pass untouched.
         unix = sink.timestamp_format == "unix_microsecond"
         self._convert: dict[type, Callable[[Any], Any]] = {
@@ -421,9 +425,10 @@ class Envelope:
         lsn, idx = change.commit_lsn, change.commit_idx
         read = change.read
         key = self._ids.encode(lsn, idx) if read is None else self._ids.encode_read(read.backfill, read.row_key)
-        head = self._heads.get((change.schema, change.table, action))
-        if head is None:
-            head = self._head(change.schema, change.table, action)
+        parts = self._heads.get((change.schema, change.table, action))
+        if parts is None:
+            parts = self._head(change.schema, change.table, action)
+        head, subject, labels = parts
         _, timestamp, committed = self._commit_time(change.commit_ts)
         payload = _PAYLOAD % (
             record,
@@ -437,9 +442,7 @@ class Envelope:
             b"null" if (annotations := change.annotations) is None else self._annotations(annotations),
             self._tail,
         )
-        # tuple.__new__: Message's generated __new__ is a Python call of its own, per change
-        return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
-                                      committed if read is None else 0.0))
+        return Message(subject, payload, key.decode("ascii"), labels, committed if read is None else 0.0)
 
     def key(self, change: Change) -> bytes:
         """``change``'s idempotency key (its ``Nats-Msg-Id``), as ASCII: :class:`core.ids.IdScheme`'s
@@ -468,9 +471,8 @@ class Envelope:
         action = change.action
         if action == "truncate":
             raise ValueError("a truncate has no payload: SinkFilter must drop it before the envelope")
-        head = self._heads.get((change.schema, change.table, action))
-        if head is None:
-            head = self._head(change.schema, change.table, action)
+        parts = self._heads.get((change.schema, change.table, action))
+        head = (parts or self._head(change.schema, change.table, action))[0]
         annotations = change.annotations
         return _PAYLOAD % (
             self.encode_row(record),
@@ -515,15 +517,22 @@ class Envelope:
         ``metadata`` or an enrichment keeps ISO)."""
         return encode_json(value, self._unix and not iso)
 
-    def _head(self, schema: str, table: str, action: str) -> bytes:
-        """The payload's text that only depends on a table and an action: JSON from
-        ``"action"`` up to the commit timestamp's value."""
+    def address(self, schema: str, table: str, action: str) -> tuple[bytes, tuple[str, str]]:
+        """The default subject of a table's and action's messages, and their metrics' labels
+        (what :class:`core.events.Message` takes beside the payload)."""
+        parts = self._heads.get((schema, table, action)) or self._head(schema, table, action)
+        return parts[1], parts[2]
+
+    def _head(self, schema: str, table: str, action: str) -> tuple[bytes, bytes, tuple[str, str]]:
+        """What only depends on a table and an action: the payload's JSON from ``"action"`` up to
+        the commit timestamp's value, the default subject, the labels."""
         metadata = to_json(
             {"database_name": self._database, "table_schema": schema, "table_name": table, "commit_timestamp": None}
         )
         head = b'"action":%s,"metadata":%s' % (to_json(action), metadata[: -len(b"null}")])
-        self._heads[(schema, table, action)] = head
-        return head
+        subject = default_subject(self._prefix, self._database, schema, table, action).encode()
+        parts = self._heads[(schema, table, action)] = (head, subject, (f"{schema}.{table}", action))
+        return parts
 
     def _commit_time(self, ts: datetime) -> tuple[datetime | None, bytes, float]:
         """``ts``, rendered ISO 8601 UTC with 6 fractional digits and ``Z`` (whatever

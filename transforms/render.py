@@ -72,7 +72,6 @@ from transforms.envelope import Envelope
 from transforms.record import record_and_changes
 from transforms.shape import Plan, Shaping
 
-_new_message: Final = tuple.__new__
 #: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table
 #: version, and the item it came as (its texts, should its message not fit).
 _Pending = tuple[int, Plan, Change, Table, Item]
@@ -151,7 +150,7 @@ class Render:
                     plan = plans[head]
                     if plan is None:
                         message = envelope(change)
-                        if (len(message[3]) > fits or read is not None) and _size(message) > room:
+                        if (len(message.payload) > fits or read is not None) and _size(message) > room:
                             message = self._fit(None, change, table, item, None, message, room)
                         out.append(message)
                     else:
@@ -305,7 +304,9 @@ class Render:
                                                change.pks)
             except Exception as exc:
                 raise StepFailed("routing", exc) from exc
-            return base if subject is None and not headers else _new_message(Message, (*base[:6], subject, headers))
+            if subject is None and not headers:
+                return base
+            return Message(subject or base.subject, base.payload, base.msg_id, base.labels, base.commit_ts, headers)
         key, pks = self._published_key(plan, change)
         before = change.old if action in ("update", "delete") else None
         columns = plan.columns
@@ -329,9 +330,9 @@ class Render:
             subject, headers = plan.router(action, change.schema, change.table, record, changes, metadata, pks)
         except Exception as exc:
             raise StepFailed("routing", exc) from exc
-        return _new_message(Message, (change.schema, change.table, action, payload, key.decode("ascii"),
-                                      0.0 if change.read is not None else change.commit_ts.timestamp(),
-                                      subject, headers))
+        default, labels = envelope.address(change.schema, change.table, action)
+        return Message(subject or default, payload, key.decode("ascii"), labels,
+                       0.0 if change.read is not None else change.commit_ts.timestamp(), headers)
 
     def _failed(self, plan: Plan | None, change: Change, failed: StepFailed) -> Message:
         """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter; always its dead
@@ -356,9 +357,9 @@ class Render:
             },
         })
         router = self._shaping.dead_letters if plan is None else plan.router
-        subject = router.dead_letter(change.action, change.schema, change.table)
-        return _new_message(Message, (change.schema, change.table, change.action, payload, key.decode("ascii"),
-                                      0.0, subject, b""))
+        _, labels = self._envelope.address(change.schema, change.table, change.action)
+        return Message(router.dead_letter(change.action, change.schema, change.table), payload, key.decode("ascii"),
+                       labels)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -403,7 +404,7 @@ class _Lazy:
 def _size(message: Message) -> int:
     """What ``message`` takes of its server's ``max_payload`` beyond the header block's fixed bytes:
     payload, id (ASCII) and its own header lines, as the publisher counts them."""
-    return len(message[3]) + len(message[4]) + (len(message[7]) if len(message) > 6 else 0)
+    return len(message.payload) + len(message.msg_id) + len(message.headers)
 
 
 def _lsn(lsn: int) -> str:

@@ -253,7 +253,7 @@ class Router:
     """One routing of one sink (the sink's, or a table's in its place): a message's subject and headers.
 
     Called per message: ``router(action, schema, table, record, changes, metadata, pks)`` →
-    ``(subject, headers)``, subject None for the default one (the publisher's), headers the
+    ``(subject, headers)``, subject None for the default one (the envelope's), headers the
     lines after ``Nats-Msg-Id`` (:attr:`core.events.Message.headers`). A
     :class:`RoutingError` when the message cannot be routed.
     """

@@ -1,39 +1,27 @@
 """Publishing to JetStream with many acknowledgements in flight, matched by walflow itself.
 
-nats-py's ``publish_async`` builds a future and a ``PubAck`` per message, and even its core
-``publish`` checks the subject, builds the headers and asks for a flush per call: at tens of
-thousands of messages a second that was most of walflow's CPU (``shared/reference/nats-jetstream.md``,
-the README's Performance section). Here a batch of
-messages is written as one block of ``HPUB`` commands, each with a reply subject that is
-a token under one wildcard inbox, through nats-py's own outgoing queue (so nothing
-overtakes a command nats-py queued first). Acks arrive on that inbox and are read
-straight from the wire (:class:`connectors.nats.connection.WalflowClient`): ``seq`` from
-the JSON, an error only when there is one. nats-py still does connection, auth, TLS and
-reconnects.
+A batch of messages is written as one block of ``HPUB`` commands through nats-py's own
+outgoing queue (so nothing overtakes a command nats-py queued first), each with a reply
+subject that is a token under one wildcard inbox; acks arrive there and are read straight
+from the wire (:class:`connectors.nats.natspy.WalflowClient`): ``seq`` from the JSON, an
+error only when there is one. nats-py's ``publish_async`` would build a future and a
+``PubAck`` per message (the README's *Performance*). nats-py still does connection, auth,
+TLS and reconnects.
 
-Order and retries: messages go out in order on one connection, so JetStream stores them
-in order. When any message fails (no ack within ``ack_timeout``, a disconnect, a retryable
-JetStream error), :meth:`AckPublisher.settle` waits for the rest of the window and re-sends
-the failed ones in their original order, with backoff, until JetStream takes them; their
-``Nats-Msg-Id`` makes a message that was stored after all (its ack lost) a duplicate that
-JetStream drops. A JetStream error that retrying cannot fix (4xx: a message too large, a
-bad header) stops the flow with a :class:`core.errors.PermanentPublishError`; which codes are
-retried is :data:`core.errors.JETSTREAM_PUBLISH`'s to say. A message over the server's
-``max_payload`` is refused here before it is sent (the server would drop the connection), but
-none should come: render fits every message to it first (``core/sizes.py``), so this is the
-invariant behind that policy, not a policy of its own.
+A message arrives addressed (:class:`core.events.Message`: subject, payload, id, headers);
+nothing here computes a subject. Messages go out in order on one connection, so JetStream
+stores them in order. When any fails (no ack within ``ack_timeout``, a disconnect, a
+:class:`core.errors.PublishFailed`), :meth:`AckPublisher.settle` waits for the rest of the
+window and re-sends the failed ones in their original order, with backoff; their
+``Nats-Msg-Id`` makes one stored after all a duplicate JetStream drops. A
+:class:`core.errors.PublishRefused` stops the flow (:class:`core.errors.PermanentPublishError`);
+which ack codes are which is :data:`core.errors.JETSTREAM_PUBLISH`'s to say. A message over
+the server's ``max_payload`` is refused before it is sent: the invariant behind render's size
+policy (``core/sizes.py``), not a policy of its own.
 
-Messages are addressed here: a routed message carries its subject and extra headers
-(:class:`transforms.route.Router`, which validated them); every other one is published on
-:func:`transforms.route.subject` of its names, cached per table and action.
-
-Metrics (:mod:`core.metrics`): each acknowledgement is counted under its message's sink,
-table and action and its commit → ack latency observed, in plain ints, added to the
-process's metrics once per share of the window acknowledged and at every
-:meth:`AckPublisher.settle`; retries and error acknowledgements are counted as they are
-handled. Every acknowledgement is counted by the default subject of its message's names,
-even a routed message's (its own subject may be one per row, or one for several tables):
-one bytes key per table and action, the cheapest lookup per ack.
+Metrics (:mod:`core.metrics`): acks counted by the message's labels, commit → ack latency
+observed, in plain ints added to the process's metrics once per share of the window and at
+every :meth:`AckPublisher.settle`; retries and error acks as they are handled.
 """
 
 from __future__ import annotations
@@ -61,7 +49,6 @@ from core.errors import (
 )
 from core.events import Message
 from core.metrics import CounterBatch, Metrics
-from core.subjects import subject as default_subject
 
 log = logging.getLogger("walflow.nats")
 
@@ -76,9 +63,6 @@ _REFILL = 4
 @dataclass(slots=True)
 class _InFlight:
     message: Message
-    #: The default subject of the message's names: where it is published unless it is a
-    #: :class:`_Routed`, and what its acknowledgement is counted under.
-    subject: bytes
     #: When the message was first sent, and this partition's last acked sequence then:
     #: a message stored but unacknowledged has a higher sequence than that.
     first_sent: float
@@ -92,31 +76,15 @@ class _InFlight:
 
     @property
     def published_on(self) -> str:
-        return self.subject.decode()
-
-
-@dataclass(slots=True)
-class _Routed(_InFlight):
-    """A message with a subject or headers of its own (:attr:`core.events.Message.subject`):
-    a class of its own, so that an unrouted one costs nothing more than before."""
-
-    #: The subject it is published on (its default one when only its headers are its own).
-    routed: bytes = b""
-    #: Header lines after ``Nats-Msg-Id``.
-    headers: bytes = b""
-
-    @property
-    def published_on(self) -> str:
-        return self.routed.decode()
+        return self.message.subject.decode()
 
 
 #: One ``HPUB`` command, as the NATS protocol spells it: subject, reply subject (the inbox's
-#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` in the
-#: header block, the payload. One format per message: this runs for every message.
-_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n%s\r\n"
-#: :data:`_HPUB` with a routed message's own header lines after the id (none: the same bytes).
-_HPUB_HEADERS: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
-#: The header block's size without the id (nor a routed message's own lines).
+#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` and the
+#: message's own header lines (none: nothing) in the header block, the payload. One format
+#: per message: this runs for every message.
+_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
+#: The header block's size without the id (nor a message's own lines).
 _HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
 
 
@@ -134,8 +102,6 @@ class AckPublisher:
         self,
         nc: WalflowClient,
         *,
-        subject_prefix: str,
-        database: str,
         window: int,
         ack_timeout: float,
         label: str,
@@ -148,12 +114,6 @@ class AckPublisher:
     ) -> None:
         """``sink``: the sink's name, as metrics label it; ``metrics``: the process's (else its own)."""
         self._nc = nc
-        self._subject_prefix = subject_prefix
-        self._database = database
-        #: (schema, table, action) -> default subject, encoded: a database has far fewer tables than changes.
-        self._subjects: dict[tuple[str, str, str], bytes] = {}
-        #: default subject -> (schema.table, action): the labels its acknowledgements are counted under.
-        self._names: dict[bytes, tuple[str, str]] = {}
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
         # would store it twice if its ack was lost, so ask the stream what it holds first.
@@ -172,15 +132,14 @@ class AckPublisher:
         self._sid: int | None = None
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
         self._failed = False  # JetStream refused a message in the window: settle before sending more
-        self._routes = False  # whether a routed message came: see _send
         self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
         self.last_seq = 0  # the highest stream sequence acknowledged to this partition
         metrics = metrics or Metrics()
         self._sink = sink
         self._metrics = metrics
-        self._published: CounterBatch[bytes] = CounterBatch(
-            metrics.changes_published, lambda subject: (sink, *self._names[subject]))
-        self._acked = self._published.counts  # by default subject, in _on_ack
+        self._published: CounterBatch[tuple[str, str]] = CounterBatch(
+            metrics.changes_published, lambda labels: (sink, *labels))
+        self._acked = self._published.counts  # by the message's labels, in _on_ack
         self._latency = metrics.commit_to_ack.batch(sink)
         self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
         self._window_wait = metrics.backpressure.labels("sink_window")
@@ -192,23 +151,6 @@ class AckPublisher:
     async def close(self) -> None:
         if self._sid is not None:
             await self._nc.unsubscribe_direct(self._sid)
-
-    def _entry(self, message: Message, first_sent: float, floor_seq: int) -> _InFlight:
-        """``message`` in the window, on its routed subject or its default one,
-        ``<prefix>.<database>.<schema>.<table>.<action>``. Runs per message."""
-        key = message[:3]
-        subject = self._subjects.get(key) or self._default_subject(key)
-        # a Message of six fields (the envelope's) has neither subject nor headers: core.events.Message
-        if len(message) > 6 and (message[6] is not None or message[7]):
-            self._routes = True  # from now on, _send tells routed entries from the others
-            return _Routed(message, subject, first_sent, floor_seq, 0, None, message[6] or subject, message[7])
-        return _InFlight(message, subject, first_sent, floor_seq)
-
-    def _default_subject(self, key: tuple[str, str, str]) -> bytes:
-        schema, table, action = key
-        subject = self._subjects[key] = default_subject(self._subject_prefix, self._database, schema, table, action).encode()
-        self._names[subject] = (f"{schema}.{table}", action)
-        return subject
 
     async def publish(self, messages: list[Message]) -> None:
         """Send ``messages`` in order, keeping at most ``window`` unacknowledged.
@@ -232,8 +174,8 @@ class AckPublisher:
                 await self._make_room()
                 self._window_wait.inc(time.monotonic() - waiting_since)
                 continue
-            entry, floor = self._entry, self.last_seq
-            chunk = [entry(message, now, floor) for message in messages[sent : sent + room]]
+            floor = self.last_seq
+            chunk = [_InFlight(message, now, floor) for message in messages[sent : sent + room]]
             sent += len(chunk)
             if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
@@ -353,7 +295,7 @@ class AckPublisher:
                 entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
                                else PublishFailed("NATS is disconnected"))
             return not entries
-        commands = (self._routed_commands if self._routes else self._commands)(entries, nc.max_payload)
+        commands = self._commands(entries, nc.max_payload)
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
                 entry.error = PublishFailed("NATS is disconnected")
@@ -361,40 +303,16 @@ class AckPublisher:
         return len(commands) == len(entries)
 
     def _commands(self, entries: list[_InFlight], max_payload: int) -> list[bytes]:
-        """The ``HPUB`` commands of unrouted ``entries``, each put in the window as it is written,
-        up to one too large to send (its ``error`` says so): nothing after it is sent, nor put in
-        the window. This runs for every message of a sink that routes none."""
+        """The ``HPUB`` commands of ``entries``, each put in the window as it is written, up to one
+        too large to send (its ``error`` says so): nothing after it is sent, nor put in the
+        window. This runs for every message."""
         prefix, waiting, token = self._reply_prefix, self._waiting, self._token
         commands: list[bytes] = []
         append, inflight = commands.append, self._inflight
         for entry in entries:
             message = entry.message
             inflight.append(entry)
-            msg_id, payload = message.msg_id.encode(), message.payload
-            headers = _HEADERS_SIZE + len(msg_id)
-            size = headers + len(payload)
-            if size > max_payload:
-                entry.error = _too_large(size, max_payload)
-                break
-            token += 1
-            waiting[token] = entry
-            append(_HPUB % (entry.subject, prefix, token, headers, size, msg_id, payload))
-        self._token = token
-        return commands
-
-    def _routed_commands(self, entries: list[_InFlight], max_payload: int) -> list[bytes]:
-        """:meth:`_commands` of entries routed or not: what a partition writes once it has met a
-        routed message (a second loop, so that one that never does pays nothing for routing)."""
-        prefix, waiting, token = self._reply_prefix, self._waiting, self._token
-        commands: list[bytes] = []
-        append, inflight = commands.append, self._inflight
-        for entry in entries:
-            message = entry.message
-            inflight.append(entry)
-            msg_id, payload = message.msg_id.encode(), message.payload
-            subject, extra = entry.subject, b""
-            if type(entry) is _Routed:
-                subject, extra = entry.routed, entry.headers
+            msg_id, payload, extra = message.msg_id.encode(), message.payload, message.headers
             headers = _HEADERS_SIZE + len(msg_id) + len(extra)
             size = headers + len(payload)
             if size > max_payload:
@@ -402,7 +320,7 @@ class AckPublisher:
                 break
             token += 1
             waiting[token] = entry
-            append(_HPUB_HEADERS % (subject, prefix, token, headers, size, msg_id, extra, payload))
+            append(_HPUB % (message.subject, prefix, token, headers, size, msg_id, extra, payload))
         self._token = token
         return commands
 
@@ -430,8 +348,9 @@ class AckPublisher:
         found = _SEQ.search(data)
         if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
-            self._acked[entry.subject] += 1
-            if committed := entry.message.commit_ts:  # 0.0 for a backfill's read
+            message = entry.message
+            self._acked[message.labels] += 1
+            if committed := message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)
         else:
             entry.error = _ack_error(entry.published_on, data, headers)

@@ -16,8 +16,7 @@ Sequin's ids in that stream (:class:`SharedSequinIdsError`).
 The one thing a sink remembers outside the stream — that its ``initial_backfill`` was
 requested — sits in the ``walflow_state`` key-value bucket on the same NATS (a stream of
 its own, whichever stream the events land in).
-Messages arrive as payload and id (:class:`core.events.Message`), and a routed message
-with its subject and headers; the publisher gives every other one its default subject.
+Messages arrive addressed (:class:`core.events.Message`: subject, payload, id, headers).
 
 **Routed subjects and exactly-once.** The replay scan and the check before a late re-send
 read the sink's own subjects, ``<prefix>.<database>.>``. A sink whose routing (or dead-letter
@@ -287,8 +286,6 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
             nc = self.runtime.run(self._connection())
             publisher = AckPublisher(
                 nc,
-                subject_prefix=dest.subject_prefix,
-                database=self.database,
                 window=dest.max_in_flight,
                 ack_timeout=dest.ack_timeout_ms / 1000,
                 label=for_part,

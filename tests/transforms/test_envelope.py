@@ -101,10 +101,10 @@ def test_insert_payload_is_exactly_these_bytes() -> None:
         b'"database":{"id":"' + DATABASE_ID.encode() + b'","name":"app","annotations":{},"database":"app",'
         b'"hostname":"db.internal"}}}'
     )
-    # names, no subject; the commit's Unix time, for commit → ack latency (a Message of its first six
-    # fields only: core.events.Message)
-    assert type(message) is Message
-    assert tuple(message) == ("public", "orders", "insert", message.payload, key, 1796011200.123456)
+    # addressed on the default subject, counted by table and action, the commit's Unix time for
+    # commit → ack latency, no headers of its own
+    assert message == Message(b"sequin.app.public.orders.insert", message.payload, key, ("public.orders", "insert"),
+                              1796011200.123456)
     assert message.msg_id == key
 
 
@@ -131,7 +131,7 @@ def test_the_contracts_update_example_field_for_field() -> None:
                          "hostname": "db.internal"},
         },
     }
-    assert (message.schema, message.table, message.action) == ("public", "orders", "update")
+    assert (message.subject, message.labels) == (b"sequin.app.public.orders.update", ("public.orders", "update"))
 
 
 @pytest.mark.parametrize("action", ["insert", "update", "delete", "read"])
@@ -190,9 +190,10 @@ def test_names_are_cached_per_table_and_action_without_mixing_them_up() -> None:
                     ("insert", "public", "items"), ("update", "public", "orders"), ("insert", "public", "orders")]
 
 
-def test_message_carries_the_names_unescaped_for_the_sink_to_address() -> None:
+def test_message_carries_its_subject_escaped_and_its_labels_unescaped() -> None:
     message = envelope()(make_change("delete", schema="Sales", table="line.items", old={"id": 1}))
-    assert (message.schema, message.table, message.action) == ("Sales", "line.items", "delete")
+    assert message.subject == b"sequin.app.Sales.line%2Eitems.delete"
+    assert message.labels == ("Sales.line.items", "delete")
     metadata = json.loads(message.payload)["metadata"]
     assert (metadata["table_schema"], metadata["table_name"]) == ("Sales", "line.items")
 
@@ -282,7 +283,7 @@ def test_delete_under_default_identity_is_the_old_row_the_converter_filled() -> 
     assert message.payload.startswith(
         b'{"record":{"id":7,"status":null,"amount":null},"changes":null,"action":"delete","metadata":{'
     )
-    assert (message.schema, message.table, message.action) == ("public", "orders", "delete")
+    assert message.labels == ("public.orders", "delete")
 
 
 def test_delete_under_full_identity_holds_the_whole_row() -> None:

@@ -1,4 +1,4 @@
-"""A NATS client for the sink's tests, connected as the sink connects."""
+"""A NATS client for the sink's tests, connected as the sink connects, and messages as render makes them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from contextlib import contextmanager
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
+from core.events import Message
 from core.runtime import Runtime
+from core.subjects import subject as default_subject
 
 
 @contextmanager
@@ -21,3 +23,11 @@ def nats_client(runtime: Runtime, url: str, name: str) -> Iterator[WalflowClient
         yield client
     finally:
         runtime.run(client.close())
+
+
+def message(prefix: str, table: str, action: str, payload: bytes, msg_id: str, commit_ts: float = 0.0, *,
+            subject: bytes | None = None, headers: bytes = b"", database: str = "app", schema: str = "public") -> Message:
+    """A message as render makes one: on ``<prefix>.<database>.<schema>.<table>.<action>`` unless
+    ``subject`` routes it elsewhere, counted under ``(schema.table, action)``."""
+    default = default_subject(prefix, database, schema, table, action).encode()
+    return Message(subject or default, payload, msg_id, (f"{schema}.{table}", action), commit_ts, headers)

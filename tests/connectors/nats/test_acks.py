@@ -9,12 +9,12 @@ from connectors.nats.publisher import AckPublisher, _InFlight
 from core.errors import NoStreamError
 from core.events import Message
 
-MESSAGE = Message("public", "orders", "insert", b"{}", "id-1", 0.0)
+MESSAGE = Message(b"p.d.public.orders.insert", b"{}", "id-1", ("public.orders", "insert"))
 
 
 def _ack(data: bytes, headers: bytes | None = None) -> _InFlight:
-    publisher = AckPublisher(WalflowClient(), subject_prefix="p", database="d", window=8, ack_timeout=5.0, label="t")
-    entry = publisher._entry(MESSAGE, 0.0, 0)
+    publisher = AckPublisher(WalflowClient(), window=8, ack_timeout=5.0, label="t")
+    entry = _InFlight(MESSAGE, 0.0, 0)
     publisher._waiting[3] = entry
     publisher._on_ack(publisher._reply_prefix + b"3", data, headers)
     assert 3 not in publisher._waiting

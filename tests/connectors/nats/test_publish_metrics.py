@@ -18,6 +18,7 @@ from core.events import Message
 from core.metrics import Metrics
 from core.runtime import Runtime
 from embedded import wait_for
+from tests.connectors.nats.clients import message
 from tests.harness import Nats, TestNames
 
 runtime = Runtime()
@@ -57,14 +58,13 @@ def nc(dest: NatsDestination, metrics: Metrics) -> Iterator[WalflowClient]:
 
 
 def _publisher(nc: WalflowClient, names: TestNames, metrics: Metrics, window: int = 64) -> AckPublisher:
-    publisher = AckPublisher(nc, subject_prefix=names.subject_prefix, database="app", window=window, ack_timeout=2.0,
-                             label="orders-0", sink="orders", metrics=metrics)
+    publisher = AckPublisher(nc, window=window, ack_timeout=2.0, label="orders-0", sink="orders", metrics=metrics)
     runtime.run(publisher.start())
     return publisher
 
 
-def _message(table: str, action: str, i: int, commit_ts: float) -> Message:
-    return Message("public", table, action, f'{{"i": {i}}}'.encode(), f"{table}-{action}-{i}", commit_ts)
+def _message(prefix: str, table: str, action: str, i: int, commit_ts: float) -> Message:
+    return message(prefix, table, action, f'{{"i": {i}}}'.encode(), f"{table}-{action}-{i}", commit_ts)
 
 
 def test_acknowledged_messages_are_counted_by_table_and_action_with_their_latency(
@@ -73,9 +73,9 @@ def test_acknowledged_messages_are_counted_by_table_and_action_with_their_latenc
     runtime.run(ensure_stream(nc, dest, "app"))
     publisher = _publisher(nc, names, metrics, window=8)  # a small window: acks are flushed as it refills
     old, now = time.time() - 100, time.time()
-    messages = [_message("t", "insert", i, old) for i in range(30)]
-    messages += [_message("u", "update", i, now) for i in range(5)]
-    messages += [_message("t", "read", i, 0.0) for i in range(3)]  # a backfill's read has no commit time
+    messages = [_message(names.subject_prefix, "t", "insert", i, old) for i in range(30)]
+    messages += [_message(names.subject_prefix, "u", "update", i, now) for i in range(5)]
+    messages += [_message(names.subject_prefix, "t", "read", i, 0.0) for i in range(3)]  # a backfill's read has no commit time
     runtime.run(publisher.publish(messages))
     runtime.run(publisher.settle())
     published = "walflow_changes_published_total"
@@ -102,7 +102,7 @@ def test_error_acknowledgements_count_by_code_and_their_resends_as_retries(
 ) -> None:
     """No stream captures the subjects yet: JetStream answers 503 until one does."""
     publisher = _publisher(nc, names, metrics)
-    messages = [_message("t", "insert", i, time.time()) for i in range(3)]
+    messages = [_message(names.subject_prefix, "t", "insert", i, time.time()) for i in range(3)]
     done = threading.Event()
 
     def publish() -> None:
@@ -133,7 +133,7 @@ def test_a_nats_outage_counts_a_reconnect_and_the_resends(
     nats_srv.stop()
     wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
     worker = threading.Thread(
-        target=lambda: (runtime.run(publisher.publish([_message("t", "insert", 1, time.time())])),
+        target=lambda: (runtime.run(publisher.publish([_message(names.subject_prefix, "t", "insert", 1, time.time())])),
                         runtime.run(publisher.settle())))
     worker.start()  # sent while disconnected: re-sent once NATS is back
     time.sleep(1.0)
@@ -162,11 +162,11 @@ def test_routed_messages_are_counted_by_their_table_and_action_not_their_subject
         publisher = _publisher(client, names, metrics)
         shared = f"{prefix}.all".encode()
         messages = [
-            *(_message("t", "insert", i, 0.0) for i in range(3)),  # on the default subject
-            *(Message("public", "t", "insert", b"{}", f"tenant-{i}", 0.0, f"{prefix}.app.tenant.{i}".encode(), b"")
+            *(_message(prefix, "t", "insert", i, 0.0) for i in range(3)),  # on the default subject
+            *(message(prefix, "t", "insert", b"{}", f"tenant-{i}", subject=f"{prefix}.app.tenant.{i}".encode())
               for i in range(4)),  # a subject per row
-            *(Message("public", "u", "update", b"{}", f"u-{i}", 0.0, shared, b"X-A: 1\r\n") for i in range(2)),
-            Message("public", "t", "delete", b"{}", "t-shared", 0.0, shared, b""),  # the same subject, another table
+            *(message(prefix, "u", "update", b"{}", f"u-{i}", subject=shared, headers=b"X-A: 1\r\n") for i in range(2)),
+            message(prefix, "t", "delete", b"{}", "t-shared", subject=shared),  # the same subject, another table
         ]
         runtime.run(publisher.publish(messages))
         runtime.run(publisher.settle())

@@ -18,9 +18,9 @@ from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import ensure_stream
 from core.errors import PermanentPublishError
-from core.events import Message
 from core.ids import IdScheme
 from core.runtime import Runtime
+from tests.connectors.nats.clients import message
 from tests.harness import Nats, TestNames
 
 runtime = Runtime()
@@ -49,8 +49,7 @@ def nc(dest: NatsDestination) -> Iterator[WalflowClient]:
 
 
 def _publisher(nc: WalflowClient, names: TestNames) -> AckPublisher:
-    publisher = AckPublisher(nc, subject_prefix=names.subject_prefix, database="app", window=64, ack_timeout=2.0,
-                             label="test")
+    publisher = AckPublisher(nc, window=64, ack_timeout=2.0, label="test")
     runtime.run(publisher.start())
     return publisher
 
@@ -73,15 +72,15 @@ def test_routed_messages_land_on_their_subjects_with_their_headers_and_walflows_
     prefix = names.subject_prefix
     publisher = _publisher(nc, names)
     messages = [
-        tuple.__new__(Message, ("public", "t", "insert", b'{"i":0}', "id-0", 0.0)),  # the envelope's six fields
-        Message("public", "t", "insert", b'{"i":1}', "id-1", 0.0, f"{prefix}.tenants.acme".encode(),
-                b'X-Tenant: acme\r\nWf-Key: ["1"]\r\n'),
-        Message("public", "t", "update", b'{"i":2}', "id-2", 0.0, None, b"X-Only: headers\r\n"),  # default subject
-        Message("public", "u", "delete", b'{"i":3}', "id-3"),
-        Message("public", "t", "insert", "{\"é\":4}".encode(), "id-4", 0.0, f"{prefix}.tenants.café".encode(),
-                "X-Name: café\r\n".encode()),
+        message(prefix, "t", "insert", b'{"i":0}', "id-0"),
+        message(prefix, "t", "insert", b'{"i":1}', "id-1", subject=f"{prefix}.tenants.acme".encode(),
+                headers=b'X-Tenant: acme\r\nWf-Key: ["1"]\r\n'),
+        message(prefix, "t", "update", b'{"i":2}', "id-2", headers=b"X-Only: headers\r\n"),  # the default subject
+        message(prefix, "u", "delete", b'{"i":3}', "id-3"),
+        message(prefix, "t", "insert", "{\"é\":4}".encode(), "id-4", subject=f"{prefix}.tenants.café".encode(),
+                headers="X-Name: café\r\n".encode()),
     ]
-    runtime.run(publisher.publish(messages[:1]))  # before any routed message: the unrouted loop
+    runtime.run(publisher.publish(messages[:1]))
     runtime.run(publisher.publish(messages[1:]))
     runtime.run(publisher.settle())
     assert publisher.last_seq == 5
@@ -103,10 +102,11 @@ def test_max_payload_counts_a_routed_messages_headers(nc: WalflowClient, names: 
     publisher = _publisher(nc, names)
     fits = payload_room(nc.max_payload) - len(b"big") - len(b"X-A: 1\r\n")
     assert fits == nc.max_payload - len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n") - len(b"big") - len(b"X-A: 1\r\n")
-    runtime.run(publisher.publish([Message("public", "t", "insert", b"x" * fits, "big", 0.0,
-                                           f"{prefix}.tenants.a".encode(), b"X-A: 1\r\n")]))
+    runtime.run(publisher.publish([message(prefix, "t", "insert", b"x" * fits, "big",
+                                           subject=f"{prefix}.tenants.a".encode(), headers=b"X-A: 1\r\n")]))
     runtime.run(publisher.settle())  # exactly max_payload, headers included: stored
-    over = Message("public", "t", "insert", b"x" * fits, "big", 0.0, f"{prefix}.tenants.a".encode(), b"X-A: 12\r\n")
+    over = message(prefix, "t", "insert", b"x" * fits, "big", subject=f"{prefix}.tenants.a".encode(),
+                   headers=b"X-A: 12\r\n")
     with pytest.raises(PermanentPublishError, match=rf"^JetStream refused {prefix}\.tenants\.a \(Nats-Msg-Id big\): the "
                                                     rf"message is larger than the server's max_payload \({nc.max_payload + 1} "
                                                     rf"> {nc.max_payload} bytes with its headers\)"):
@@ -189,8 +189,8 @@ def test_a_routed_message_sent_again_keeps_its_subject_and_headers(
     try:
         publisher = _publisher(client, names)
         messages = [
-            Message("public", "t", "insert", b"{}", "r-1", 0.0, f"{prefix}.tenants.a".encode(), b"X-A: 1\r\n"),
-            Message("public", "t", "insert", b"{}", "r-2"),
+            message(prefix, "t", "insert", b"{}", "r-1", subject=f"{prefix}.tenants.a".encode(), headers=b"X-A: 1\r\n"),
+            message(prefix, "t", "insert", b"{}", "r-2"),
         ]
         done = threading.Event()
 

@@ -11,13 +11,14 @@ import pytest
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher
+from connectors.nats.publisher import AckPublisher, _InFlight
 from connectors.nats.replay import ids_since
 from connectors.nats.stream import ensure_stream
 from core.errors import FatalError, PermanentPublishError, StreamSetupError
 from core.events import Message
 from core.runtime import Runtime
 from embedded import wait_for
+from tests.connectors.nats.clients import message
 from tests.harness import Nats, TestNames
 
 runtime = Runtime()
@@ -51,9 +52,9 @@ def nc(dest: NatsDestination) -> Iterator[WalflowClient]:
         runtime.run(client.close())
 
 
-def _messages(n: int, start: int = 0) -> list[Message]:
-    """Messages the publisher addresses as ``<prefix>.app.public.t.insert``."""
-    return [Message("public", "t", "insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
+def _messages(prefix: str, n: int, start: int = 0) -> list[Message]:
+    """Messages on ``<prefix>.app.public.t.insert``."""
+    return [message(prefix, "t", "insert", f'{{"i": {i}}}'.encode(), f"id-{i}") for i in range(start, n)]
 
 
 async def _stored(nc: WalflowClient, stream: str) -> list[tuple[bytes, str]]:
@@ -91,16 +92,16 @@ def test_missing_stream_without_create_is_a_clear_error(nats_srv: Nats, names: T
         runtime.run(ensure_stream(nc, dest, "app"))
 
 
-def _publisher(nc: WalflowClient, prefix: str, window: int = 64) -> AckPublisher:
-    publisher = AckPublisher(nc, subject_prefix=prefix, database="app", window=window, ack_timeout=2.0, label="test")
+def _publisher(nc: WalflowClient, window: int = 64) -> AckPublisher:
+    publisher = AckPublisher(nc, window=window, ack_timeout=2.0, label="test")
     runtime.run(publisher.start())
     return publisher
 
 
 def test_many_in_flight_all_stored_in_order_once(nc: WalflowClient, dest: NatsDestination, names: TestNames) -> None:
     runtime.run(ensure_stream(nc, dest, "app"))
-    publisher = _publisher(nc, names.subject_prefix)
-    messages = _messages(3000)
+    publisher = _publisher(nc)
+    messages = _messages(names.subject_prefix, 3000)
     runtime.run(publisher.publish(messages[:2000]))
     runtime.run(publisher.publish(messages[2000:]))
     runtime.run(publisher.settle())
@@ -115,8 +116,8 @@ def test_outage_blocks_then_everything_lands_in_order(
     nc: WalflowClient, dest: NatsDestination, names: TestNames, nats_srv: Nats
 ) -> None:
     runtime.run(ensure_stream(nc, dest, "app"))
-    publisher = _publisher(nc, names.subject_prefix, window=50)
-    messages = _messages(400)
+    publisher = _publisher(nc, window=50)
+    messages = _messages(names.subject_prefix, 400)
     runtime.run(publisher.publish(messages[:100]))
     runtime.run(publisher.settle())
     nats_srv.stop()
@@ -143,8 +144,8 @@ def test_message_over_max_payload_stops_with_a_clear_error(nc: WalflowClient, de
     server's max_payload (``tests/transforms/test_render.py``, ``tests/dataflows/test_sizes.py``);
     one that came past it (the server's limit fell since) must still never reach the server."""
     runtime.run(ensure_stream(nc, dest, "app"))
-    publisher = _publisher(nc, names.subject_prefix)
-    too_big = Message("public", "t", "insert", b"x" * (nc.max_payload + 1), "big")
+    publisher = _publisher(nc)
+    too_big = message(names.subject_prefix, "t", "insert", b"x" * (nc.max_payload + 1), "big")
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload") as info:
         runtime.run(publisher.publish([too_big]))
     assert isinstance(info.value, FatalError)  # stops the pipeline with one line
@@ -158,8 +159,8 @@ def test_message_over_max_payload_only_with_its_headers_stops_with_a_clear_error
     a payload a few bytes under the limit must be refused by name, not hang the sink (render
     counts them the same way: ``connectors.nats.publisher.payload_room``)."""
     runtime.run(ensure_stream(nc, dest, "app"))
-    publisher = _publisher(nc, names.subject_prefix)
-    almost = Message("public", "t", "insert", b"x" * (nc.max_payload - 10), "almost")
+    publisher = _publisher(nc)
+    almost = message(names.subject_prefix, "t", "insert", b"x" * (nc.max_payload - 10), "almost")
     with pytest.raises(PermanentPublishError, match="larger than the server's max_payload"):
         runtime.run(publisher.publish([almost]))
     assert nc.is_connected and not nc.is_closed  # refused before sending: the server never saw it
@@ -172,8 +173,8 @@ def test_a_stream_named_error_is_not_mistaken_for_an_error(nats_srv: Nats, names
     client = runtime.run(connect(dest, name="walflow-test"))
     try:
         runtime.run(ensure_stream(client, dest, "app"))
-        publisher = _publisher(client, names.subject_prefix)
-        messages = _messages(5)
+        publisher = _publisher(client)
+        messages = _messages(names.subject_prefix, 5)
         runtime.run(publisher.publish(messages))
         runtime.run(publisher.settle())
         assert publisher.last_seq == 5
@@ -202,8 +203,8 @@ def test_a_reconnect_never_puts_a_later_change_ahead(
 ) -> None:
     """A send that fails during an outage is settled before anything newer goes out."""
     runtime.run(ensure_stream(nc, dest, "app"))
-    publisher = _publisher(nc, names.subject_prefix)
-    first, second = _messages(2)
+    publisher = _publisher(nc)
+    first, second = _messages(names.subject_prefix, 2)
     nats_srv.stop()
     wait_for(lambda: not nc.is_connected, timeout=10, what="the client to notice")
     worker = threading.Thread(target=lambda: runtime.run(publisher.publish([first])))
@@ -224,15 +225,15 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
     runtime.run(ensure_stream(nc, dest, "app"))
     subjects = f"{names.subject_prefix}.app.>"
     publisher = AckPublisher(
-        nc, subject_prefix=names.subject_prefix, database="app", window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,
+        nc, window=64, ack_timeout=2.0, label="test", duplicate_window=1.0,
         stored_since=lambda seq: ids_since(nc, names.stream, subjects, seq),
     )
     runtime.run(publisher.start())
-    stored_one, lost_one = _messages(2)
+    stored_one, lost_one = _messages(names.subject_prefix, 2)
     runtime.run(publisher.publish([stored_one]))
     runtime.run(publisher.settle())
 
     # as settle() sees messages whose acks never came
-    entries = [publisher._entry(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
+    entries = [_InFlight(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
     kept = runtime.run(publisher._drop_stored(entries))
     assert [e.message.msg_id for e in kept] == [lost_one.msg_id]

@@ -22,9 +22,8 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.sink import JetStreamSink, SharedSequinIdsError
 from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream, stream_for
 from core.errors import StreamSetupError
-from core.events import Message
 from core.runtime import Runtime
-from tests.connectors.nats.clients import nats_client
+from tests.connectors.nats.clients import message, nats_client
 from tests.harness import Nats, TestNames, delete_stream
 
 runtime = Runtime()
@@ -225,7 +224,8 @@ def test_a_sinks_events_land_in_the_stream_found(
         assert sink.prepare() == 0
         assert sink.stream is not None and sink.stream.name == names.stream
         part = sink.build_part("publish", "orders-0", None)
-        part.write_batch([Message("public", "t", "insert", b"{}", sink.ids.encode(lsn, 0).decode()) for lsn in (7, 8)])
+        part.write_batch([message(names.subject_prefix, "t", "insert", b"{}", sink.ids.encode(lsn, 0).decode())
+                          for lsn in (7, 8)])
         assert part.snapshot() == {"last_seq": 2}
         part.close()
     finally:
@@ -284,7 +284,7 @@ def test_a_subject_lost_to_a_racing_update_is_added_again_at_the_next_publish(
         config = runtime.run(nc.jetstream().stream_info(names.stream)).config
         config.subjects = [f"{prefix}.app.>"]
         runtime.run(nc.jetstream().update_stream(config))
-        part.write_batch([Message("public", "t", "insert", b"{}", sink.ids.encode(9, 0).decode())])
+        part.write_batch([message(prefix, "t", "insert", b"{}", sink.ids.encode(9, 0).decode(), database="crm")])
         assert part.snapshot() == {"last_seq": 1}  # "no responders", the stream set up again, re-sent
         part.close()
     finally:
