@@ -9,6 +9,8 @@ Each sink filters on its own; a disabled sink is not built at all. The flow's pa
 one :class:`core.runtime.Runtime`.
 
 Step ids derive from sink names: with recovery (``-r``) a renamed sink starts afresh.
+``flow`` is built when ``bytewax.run`` asks for it, not when the module is imported: importing
+it (a tool, a test) opens no connection.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 
 from config import Config, ConfigError, config_path, load_config
-from config.schema import DatabaseConfig
+from config.schema import DatabaseConfig, SinkConfig
 from connectors.nats.sink import JetStreamSink
+from connectors.nats.state import SinkMemory
+from connectors.nats.target import SinkTarget
 from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
@@ -40,6 +44,7 @@ from dataflows.recovery import recovery_dir
 from transforms.differences import differences
 from transforms.dispatch import Dispatch
 from transforms.render import Render
+from transforms.route import replay_subjects
 from transforms.shape import Shaping
 
 log = logging.getLogger("walflow.sequin")
@@ -76,9 +81,11 @@ def databases_for(config: Config) -> list[DatabaseConfig]:
 
 def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataflow:
     """The flow for ``config``; its parts share ``runtime``; ``beside``: the config file's
-    directory, where the config's Python callables may live."""
+    directory, where the config's Python callables may live. Its prepare step: each database's
+    confirmed LSN is read and each sink's target prepared (connected, stream set up, the
+    replay scan run) here, before any part is built."""
     slots: list[Slot] = []
-    publishers: dict[str, JetStreamSink] = {}
+    publishers: dict[str, tuple[SinkConfig, JetStreamSink]] = {}
     secret = None if config.walflow.mask_secret is None else config.walflow.mask_secret.get_secret_value()
     databases = databases_for(config)
     cluster = this_cluster()
@@ -94,27 +101,27 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
             for line in differences(sink, db):
                 log.info(line)
         replay_from = confirmed_lsn(db)
-        mine = {
-            sink.name: JetStreamSink(sink, db.name, replay_from, runtime, db.slot.name, peers=config.sinks,
-                                     publishes=publishing)
-            for sink in sinks
-        }
-        replay_horizon = max(publish.prepare() for publish in mine.values())
-        for sink in sinks:  # after prepare(): shaping checks routed subjects against the stream found
-            publish = mine[sink.name]
-            shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, publish.stream_subjects())
-            publish.render = functools.partial(Render, sink, db, shaping, runtime.metrics)
-        slots.append(Slot(db, tuple(sinks), InitialBackfills(db, sinks, mine, config.walflow.backfill), replay_horizon))
-        publishers.update(mine)
+        targets = {sink.name: SinkTarget.prepare(sink, db.name, runtime, replay_from=replay_from,
+                                                 scanned=replay_subjects(sink, db.name), peers=config.sinks)
+                   for sink in sinks}
+        for sink in sinks:  # shaping checks routed subjects against the stream found
+            target = targets[sink.name]
+            shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, target.stream.subjects)
+            render = functools.partial(Render, sink, db, shaping, runtime.metrics)
+            publishers[sink.name] = (sink, JetStreamSink(target, render, publishes=publishing))
+        memories = {name: SinkMemory(target.connection, runtime, db.name, db.slot.name, name)
+                    for name, target in targets.items()}
+        slots.append(Slot(db, tuple(sinks), InitialBackfills(db, sinks, memories, config.walflow.backfill),
+                          max(target.horizon for target in targets.values())))
     flow = Dataflow("walflow")
     source = PostgresSource(slots, config.walflow.replication, runtime, backfill=config.walflow.backfill,
                             epoch_budget_mb=config.walflow.max_memory_mb,
                             here=slots_here(cluster, [db.slot.name for db in databases]))
     changes = op.input("postgres", flow, source)
-    for name, publish in publishers.items():
+    for name, (sink, publish) in publishers.items():
         step = _step(name)
         routed = op.flat_map_batch(f"{step}_dispatch", changes,
-                                   runtime.guarded(f"sink {name}: dispatching", Dispatch(publish.sink, runtime.metrics).route))
+                                   runtime.guarded(f"sink {name}: dispatching", Dispatch(sink, runtime.metrics).route))
         op.output(f"{step}_publish", routed, publish)
     return flow
 
@@ -156,4 +163,10 @@ def _load() -> Dataflow:
         raise SystemExit(FATAL_EXIT) from None
 
 
-flow = _load()
+def __getattr__(name: str) -> Dataflow:
+    """``flow``, built when first asked for: ``bytewax.run`` looks it up right after importing
+    this module, before it runs it; importing the module alone connects to nothing."""
+    if name != "flow":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    built = globals()["flow"] = _load()
+    return built

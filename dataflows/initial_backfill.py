@@ -1,7 +1,7 @@
 """A sink's ``initial_backfill``: requested once, when the sink is first started.
 
 "First started" is remembered where the sink lives: the ``walflow_state`` key-value bucket
-on its NATS (:meth:`connectors.nats.sink.JetStreamSink.record_initial_backfill`), written
+on its NATS (:class:`connectors.nats.state.SinkMemory`), written
 after the requests are in the slot. A crash between the two asks again on the next start
 (a second backfill, harmless: the stream still ends with each row's latest state); the
 other order could lose the backfill. Runs in the one process that reads the slot, when
@@ -11,9 +11,10 @@ its source partition is built: a cluster asks once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from config.schema import BackfillSettings, DatabaseConfig, SinkConfig
-from connectors.nats.sink import JetStreamSink
+from connectors.nats.state import SinkMemory
 from connectors.postgres.requests import BackfillRequestError, keyless_refusal, publication_tables, request_backfills
 from connectors.postgres.signals import BackfillRequest, signing_key
 from transforms.filter import SinkFilter
@@ -24,15 +25,16 @@ log = logging.getLogger("walflow.backfill")
 class InitialBackfills:
     """Requests the initial backfills of ``sinks`` that no earlier run requested."""
 
-    def __init__(self, db: DatabaseConfig, sinks: list[SinkConfig], publishers: dict[str, JetStreamSink],
+    def __init__(self, db: DatabaseConfig, sinks: list[SinkConfig], memories: Mapping[str, SinkMemory],
                  settings: BackfillSettings) -> None:
+        """``memories``: what each sink remembers, by sink name."""
         self.db = db
         self.settings = settings
         self.sinks = [s for s in sinks if s.initial_backfill]
-        self.publishers = publishers
+        self.memories = memories
 
     def __call__(self) -> None:
-        pending = [s for s in self.sinks if not self.publishers[s.name].initial_backfill_requested()]
+        pending = [s for s in self.sinks if not self.memories[s.name].initial_backfill_requested()]
         if not pending:
             return
         published, keyless = publication_tables(self.db)
@@ -45,7 +47,7 @@ class InitialBackfills:
                     f"to at least {len(requests)}"
                 )
             request_backfills(self.db, requests, signing_key(self.settings))
-            self.publishers[sink.name].record_initial_backfill([r.id for r in requests])
+            self.memories[sink.name].record_initial_backfill([r.id for r in requests])
             log.info("sink %s: initial backfill of %d table(s) requested: %s", sink.name, len(requests),
                      ", ".join(f"{r.table} ({r.id})" for r in requests) or "none")
 

@@ -1,52 +1,28 @@
-"""A sink partition's first job: the slot worker's compact items → messages to publish.
+"""A sink partition's first job: the slot worker's compact items → addressed messages to publish.
 
 Runs in the sink partition's ``write_batch``, on the worker that owns the partition: after
-Bytewax's exchange, so in a cluster the CPU-heavy part — converting values
-(:mod:`transforms.convert`), shaping and the envelope — is spread over every process, while
-the slot's process does only what must be serial (``transforms/dispatch.py``). Items
-arrive in lists, in the order the slot's worker sent them (``core/wire.py``): table
-descriptions, changes, forgotten versions.
+Bytewax's exchange, so in a cluster converting values (:mod:`transforms.convert`), shaping
+and the envelope are spread over every process (``transforms/dispatch.py`` does the serial
+part). Items arrive in lists, in the order the slot's worker sent them (``core/wire.py``).
 
-**Shaping** (``config/shaping.py``, planned per table version by :mod:`transforms.shape`):
-a table without a plan takes the envelope's unshaped path, unchanged. A planned table's
-changes go through, in order:
+**Shaping** (planned per table version by :mod:`transforms.shape`): a table without a plan
+takes the envelope's unshaped path. A planned table's changes go through, in order: the TOAST
+policy (:mod:`transforms.record`); enrichment (:mod:`transforms.enrich`, one query per table
+per batch); the row filters (``where``, Sequin's column filters, the Python filters); columns
+(:mod:`transforms.columns`: include/exclude, rename, masks, a masked key's read id hashed);
+the payload (a transform, else the sequin or debezium envelope); routing (:mod:`transforms.route`).
+The filters see the row as the database has it; the payload and routing only what is published.
 
-1. :func:`transforms.record.record_and_changes` under the table's TOAST policy;
-2. enrichment (:mod:`transforms.enrich`), one query per table per batch, into
-   ``metadata.enrichment``;
-3. row filters on the database's values: ``where`` and Sequin's column filters
-   (:mod:`transforms.conditions`), then the Python filters;
-4. columns (:mod:`transforms.columns`): include/exclude, rename, masks — on ``record``,
-   ``changes``, Debezium's ``before``, ``record_pks`` (and a backfill read's id, whose row
-   key is hashed when a key column is masked: the id stays stable and unique, the value
-   does not leave in clear);
-5. the payload: a transform (:mod:`transforms.payload`), else the sequin or debezium
-   envelope, from what step 4 left;
-6. routing (:mod:`transforms.route`): subject and headers from what step 4 left.
+**Failures** in a step for one change follow the sink's ``on_error``: ``stop`` raises a
+:class:`core.errors.FatalError` naming the row's position and (masked) key (its epoch never
+completes, so a restart after the fix publishes it); ``dead_letter`` publishes its dead letter
+under its ``Nats-Msg-Id``. Neither holds the row's values: the error is its type alone, or
+walflow's own text where :class:`core.errors.ValueFree` says it holds none.
 
-Steps 1-3 see the row as the database has it (nothing they see is published); steps 5-6
-see only what is published, so a template or transform cannot put a masked value back.
-
-**Failures** in steps 2-6 for one change (a callable raising or returning the wrong kind, an
-invalid subject, a value that is not JSON, an enrichment query failing, a condition's path
-into a json value too deep to look into) follow the sink's ``on_error``: ``stop`` raises a
-:class:`core.errors.FatalError` that names the row's position and (masked) key — the process
-stops, the epoch holding the change never completes, so the slot is not confirmed past it
-and a restart after the fix publishes it; ``dead_letter`` publishes, in its place and under
-its ``Nats-Msg-Id``, a message with the error, the step, the position and the (masked) key.
-Neither ever holds the row's values: the error is the exception's type alone (a callable's or
-a library's text may quote any value the step saw, masked or not), or walflow's own text where
-it wrote it from names and types only (:class:`core.errors.ValueFree`: routing, transform,
-enrichment and condition errors). A config key naming a column the table lacks is fatal
-whatever ``on_error`` says: no row of the table could be shaped.
-
-**Size** (``core/sizes.py``): a message larger than its NATS server takes (payload, id and
-headers as the publisher counts them, against ``max_payload``) is rendered again from the
-change's texts with its largest values replaced by markers, until it fits; filters are not
-asked again (the row passed them as it is). One that cannot fit even then (thousands of
-columns, a large enrichment or transform) becomes its dead letter, whatever ``on_error`` says:
-no value a database user writes may stop the pipeline. The publisher still refuses a message
-over ``max_payload`` (one that came past this, after the server's limit fell, say).
+**Size** (``core/sizes.py``): a message larger than ``room`` (what its server's ``max_payload``
+leaves, as the publisher counts it) is rendered again with its largest values replaced by
+markers until it fits, filters not asked again; one that cannot fit becomes its dead letter,
+whatever ``on_error`` says. The README's *Shaping* and *Values too large* have the reasons.
 """
 
 from __future__ import annotations
@@ -100,11 +76,8 @@ class StepFailed(Exception):
 class Render:
     """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
 
-    def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping, metrics: Metrics | None,
-                 room: Callable[[], int]) -> None:
-        """``room()``: what a message's payload, id and own header lines may take together on the
-        sink's server now (its ``max_payload`` less the header block's fixed bytes:
-        :func:`connectors.nats.publisher.payload_room`)."""
+    def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping,
+                 metrics: Metrics | None = None) -> None:
         self._sink = sink
         self._database = database
         self._envelope = Envelope(sink, database)
@@ -121,18 +94,19 @@ class Render:
             metrics.changes_filtered, lambda key: (sink.name, *key))
         self._dead: CounterBatch[tuple[str, str]] = CounterBatch(
             metrics.dead_letters, lambda key: (sink.name, *key))
-        self._room = room
         #: The longest id a change (not a read) of this sink can have: its names and the largest position.
         self._longest_id = len(IdScheme(database.name, sink.name, sink.destination.msg_id).encode(2**64 - 1, 2**63))
         self._sizes = OversizedReport("max_payload", metrics,
                                       f"its message for sink '{sink.name}' is larger than its NATS server's max_payload")
 
-    def __call__(self, batches: list[list[Item]]) -> list[Message]:
-        """The messages of ``batches`` (each a dispatch step's list for this partition), in order."""
+    def __call__(self, batches: list[list[Item]], room: int) -> list[Message]:
+        """The messages of ``batches`` (each a dispatch step's list for this partition), in order;
+        ``room``: what a message's payload, id and own header lines may take together on the sink's
+        server now (its ``max_payload`` less the header block's fixed bytes, as the sink's
+        publisher counts them)."""
         out: list[Message | None] = []
         pending: list[_Pending] = []
         envelope, tables, plans = self._envelope, self._tables, self._plans
-        room = self._room()
         # a change's payload within this fits whatever its id (one check per message on the unshaped
         # path; a read's id names its row's key, of no fixed length: reads are measured whole)
         fits = room - self._longest_id

@@ -37,7 +37,7 @@ from config.schema import SinkConfig
 from config.shaping import RoutingFunction, SubjectRouting
 from core.errors import FatalError, ValueFree
 from core.events import UNCHANGED_TOAST, Row
-from core.subjects import database_root, subject_problem, tokens_cover, too_long
+from core.subjects import database_root, database_subjects, subject_problem, tokens_cover, too_long
 from core.tokens import subject_token
 from transforms.envelope import a_type
 
@@ -510,3 +510,14 @@ def publishes_outside(sink: SinkConfig, database: str) -> bool:
         if not lead.startswith(inside):
             return True
     return False
+
+
+def replay_subjects(sink: SinkConfig, database: str) -> str:
+    """What ``sink``'s replay scan and late re-sends read (``connectors/nats/target.py``): its
+    database's subjects, ``<prefix>.<database>.>``, or the whole stream, ``>``, when it may publish
+    outside them with walflow's ids (which name database and sink, so the stream's other messages
+    are told apart by id). With Sequin's ids the router keeps every subject under the database's,
+    so those subjects still hold all of the sink's messages."""
+    if sink.destination.msg_id == "walflow" and publishes_outside(sink, database):
+        return ">"
+    return database_subjects(sink.destination.subject_prefix, database)

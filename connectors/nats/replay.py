@@ -1,32 +1,19 @@
 """After a restart: which changes are already in the stream, so they are not published twice.
 
-A restart replays every change after the slot's confirmed LSN. Some of them may have
-reached JetStream before the crash; ``Nats-Msg-Id`` drops those copies only within the
-stream's duplicate window (2 minutes by default). Beyond it, walflow finds them itself.
-
-Why a scan of the stream's tail suffices: the source confirms an LSN only at the end of an
-epoch that ended between transactions, and the sink finishes an epoch (all acks) before the
-source emits the next one. So every message at or after the confirmed LSN was published in
-a later epoch than every message before it, and stream order follows epoch order: in the
-stream, all of this pipeline's messages after the first one older than the confirmed LSN
-are the only candidates. Probing back from the tail finds such a message in a few requests;
-one forward read from there collects the candidates' ids. The unconfirmed tail is at most
-a few epochs long, so this stays small.
-
-Across restarts that order can break: a run skips the replayed changes it found in the
-stream, so its own messages for lower positions land *after* an earlier run's higher ones.
-The scan stays exact because the source does not confirm any position up to the highest
-one found (:func:`horizon`) until it has passed it: by then every earlier run's message
-lies below the confirmed LSN, and only this run's, in epoch order, lie above it.
+A restart replays every change after the slot's confirmed LSN. Some of them may have reached
+JetStream before the crash; ``Nats-Msg-Id`` drops those copies only within the stream's
+duplicate window (2 minutes by default), so walflow finds them itself:
+:func:`already_published` probes back from the stream's tail to one of this pipeline's
+messages older than the confirmed LSN, then reads forward from there. :func:`horizon` is the
+highest position found: the source confirms nothing up to it until it has passed it. Why
+that is exact, across restarts too: the README's *Design* (*Why the replay scan is exact*).
 
 Which messages are this pipeline's, and at which position, only its :class:`core.ids.IdScheme`
-says: nothing here reads an id's text. Every read is confined to the subjects the sink
-gives (``connectors/nats/sink.py``): its own, ``<prefix>.<database>.>`` — Sequin's ids
-(``msg_id: sequin``) name no sink nor database, so in a stream shared with other databases
-their subjects are what tells them apart — or, for a sink whose routing may publish
-elsewhere, ``>``: the whole stream, where walflow's ids, which name database and sink, tell
-its messages from the others'. JetStream takes ``>`` as a filter of every read here (the
-last message, the next one from a sequence, an ordered consumer).
+says: nothing here reads an id's text. Every read is confined to the subjects it is given
+(``connectors/nats/target.py``): the sink's own ``<prefix>.<database>.>`` — Sequin's ids name
+no sink nor database, so in a stream shared with other databases the subjects tell them apart
+— or ``>``, the whole stream, for a sink whose routing may publish elsewhere, where walflow's
+ids tell its messages apart. JetStream takes ``>`` as a filter of every read here.
 """
 
 from __future__ import annotations

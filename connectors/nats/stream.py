@@ -1,31 +1,25 @@
 """The JetStream stream a sink's events land in: the one that captures them, else created.
 
-JetStream stores a subject in one stream only (it refuses to create a stream whose
-subjects overlap another's), so the stream is decided by the sink's subjects
-``<prefix>.<database>.<schema>.<table>.<action>``, not by a name. In order:
+JetStream stores a subject in one stream only, so the stream is decided by the sink's
+subjects (:func:`core.subjects.action_patterns`), not by a name. In order:
 
-1. A stream that captures all of them is used as it is, whatever its name: a Sequin
-   user's stream on ``sequin.>``, or the one an earlier run created. Unless the config
-   names another one explicitly (``destination.stream.name``): then the events would not
-   land where the config says, which is an error naming both.
-2. Streams that capture only part of them (``sequin.app.public.orders.*``) are an error:
-   walflow could publish only some of its events there, and JetStream would refuse a
-   stream of walflow's beside them.
-3. ``destination.stream.name`` (``WALFLOW`` by default) is created when
-   ``create_if_not_exists``, capturing ``<prefix>.<database>.>`` (or ``stream.subjects``):
-   one database's subjects, not ``<prefix>.>``, which would collide with any stream an
-   operator keeps for another database under the same prefix.
-4. If that stream exists but captures another database's subjects only (two databases of
-   one config sharing the default name), walflow adds ``<prefix>.<database>.>`` to it —
-   only if walflow created it (:data:`OWN_DESCRIPTION`) and the config leaves its subjects
-   to walflow. walflow never edits a stream it did not create: an operator's is used as
-   it is or reported.
+1. A stream that captures all of them is used as it is, whatever its name (a Sequin user's
+   on ``sequin.>``, or the one an earlier run created) — unless ``destination.stream.name``
+   names another explicitly: then an error naming both.
+2. Streams that capture only part of them are an error: walflow could publish only some of
+   its events there, and JetStream would refuse a stream of walflow's beside them.
+3. ``destination.stream.name`` (``WALFLOW``) is created when ``create_if_not_exists``, on
+   ``<prefix>.<database>.>`` (or ``stream.subjects``): one database's subjects, not
+   ``<prefix>.>``, which would collide with an operator's stream for another database.
+4. If that stream exists capturing another database's subjects only, walflow adds
+   ``<prefix>.<database>.>`` to it — only if walflow created it (:data:`OWN_DESCRIPTION`)
+   and the config leaves its subjects to walflow. It never edits a stream it did not create.
 
-Processes starting together may race (both creating, both adding a subject): every
-change is checked again from the top, so the last one sees what the others did. An update
-replaces a stream's subjects whole, so one that raced another can still drop a subject
-after its process has checked it; that process then meets "no responders" at its next
-publish and sets the stream up again (``on_no_stream`` in ``connectors/nats/publisher.py``).
+Processes starting together may race: every change is checked again from the top
+(:data:`core.errors.JETSTREAM_API` says which API errors mean "look again"). An update
+replaces a stream's subjects whole, so one that raced another can still drop a subject after
+its process checked it; that process then meets "no responders" at its next publish and sets
+the stream up again (``on_no_stream`` in ``connectors/nats/publisher.py``).
 """
 
 from __future__ import annotations

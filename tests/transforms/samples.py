@@ -38,16 +38,19 @@ def make_database(**fields: Any) -> DatabaseConfig:
     return DatabaseConfig.model_validate({**base, **fields})
 
 
-def make_render(sink: SinkConfig | None = None, database: DatabaseConfig | None = None, *, room: int | None = None,
+#: What a message may take on a server with NATS's default max_payload, 1 MiB: the room render is
+#: given by default.
+ROOM = payload_room(1024 * 1024)
+
+
+def make_render(sink: SinkConfig | None = None, database: DatabaseConfig | None = None, *,
                 metrics: Metrics | None = None, beside: Path | None = None, secret: str | None = None) -> Render:
     """A sink partition's render step for ``sink`` (:func:`make_sink`'s by default) of ``database``,
-    its stream capturing ``<prefix>.>``, ``room`` what a message may take (NATS's default
-    max_payload, 1 MiB, by default); ``beside`` and ``secret`` as :class:`Shaping` takes them."""
+    its stream capturing ``<prefix>.>``; ``beside`` and ``secret`` as :class:`Shaping` takes them."""
     sink = sink or make_sink()
     database = database or make_database()
     shaping = Shaping(sink, database, 0, beside, secret, (f"{sink.destination.subject_prefix}.>",))
-    fits = payload_room(1024 * 1024) if room is None else room
-    return Render(sink, database, shaping, metrics, lambda: fits)
+    return Render(sink, database, shaping, metrics)
 
 
 def raw_change(

@@ -16,7 +16,7 @@ from connectors.postgres.types import TypeSpecs, loaders_for
 from core.events import RawChange, ReadOf, Table
 from core.metrics import Metrics
 from core.wire import DESCRIBE, FORGET, Item, commit_time, pack
-from tests.transforms.samples import TS, make_database, make_render, make_sink, raw_change
+from tests.transforms.samples import ROOM, TS, make_database, make_render, make_sink, raw_change
 from transforms.convert import convert, convert_fields
 from transforms.dispatch import Dispatch
 from transforms.envelope import Envelope
@@ -119,7 +119,7 @@ def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing:
     for items in by_partition(Dispatch(sink).route(changes)).values():
         if crossing:
             items = [pickle.loads(pickle.dumps(item)) for item in items]
-        published += make_render(sink, db)([items])
+        published += make_render(sink, db)([items], ROOM)
     assert len(published) == len(changes)
     assert sorted(published, key=lambda m: m.msg_id) == sorted(expected.values(), key=lambda m: m.msg_id)
 
@@ -137,7 +137,7 @@ def test_a_packed_change_converts_as_the_change_does() -> None:
 def test_a_change_before_its_table_is_described_stops_with_the_reason() -> None:
     table = typed_table()
     with pytest.raises(RuntimeError, match="was not described to this partition first"):
-        make_render()([[pack(change(table, 1))]])
+        make_render()([[pack(change(table, 1))]], ROOM)
 
 
 def test_a_partition_holds_only_the_versions_in_use() -> None:
@@ -145,7 +145,7 @@ def test_a_partition_holds_only_the_versions_in_use() -> None:
     tables = [dataclasses.replace(typed_table(), uid=u) for u in range(1, 50)]
     dispatch = Dispatch(make_sink(partition_count=1))
     for table in tables:  # a reconnect or DDL per batch: a new version each time
-        render([items for _, items in dispatch.route([change(table, 1)])])
+        render([items for _, items in dispatch.route([change(table, 1)])], ROOM)
     assert render.versions == 1
 
 
@@ -160,6 +160,6 @@ def test_versions_never_superseded_are_bounded_and_described_again_when_needed()
     for i, chunk in enumerate(chunks):
         routed += dispatch.route([change(chunk, 1, "read", read=ReadOf("app-to-nats", f"b{i}", '["1"]'))])
     routed += dispatch.route([change(first, 2)])  # the stream's version, forgotten meanwhile: described again
-    messages = render([items for _, items in routed])
+    messages = render([items for _, items in routed], ROOM)
     assert len(messages) == 7 and render.versions <= 3
     assert [item for _, item in flat(routed)].count((DESCRIBE, first)) == 2

@@ -20,7 +20,7 @@ from core.errors import FatalError
 from core.events import JsonText, Message, RawChange, ReadOf, Row, Table
 from core.wire import DESCRIBE, pack
 from tests.pipeline import any_depth, loads_any_depth
-from tests.transforms.samples import TS, make_database, make_render, make_sink
+from tests.transforms.samples import ROOM, TS, make_database, make_render, make_sink
 from transforms.convert import convert
 from transforms.envelope import Envelope, encode_json
 
@@ -62,7 +62,7 @@ def sink(**fields: Any) -> SinkConfig:
 def rendered(*changes: RawChange, shaped: SinkConfig | None = None, beside: Path | None = None) -> list[Message]:
     """The messages a sink partition makes of ``changes`` (unshaped unless ``shaped``)."""
     render = make_render(shaped or sink(), beside=beside, secret=SECRET)
-    return render([[(DESCRIBE, changes[0].table), *(pack(c) for c in changes)]])
+    return render([[(DESCRIBE, changes[0].table), *(pack(c) for c in changes)]], ROOM)
 
 
 def payload(message: Message) -> Any:

@@ -18,7 +18,7 @@ from core.errors import FatalError
 from core.events import Message, RawChange, RawRow, ReadOf, Table
 from core.metrics import Metrics
 from core.wire import DESCRIBE, pack
-from tests.transforms.samples import TS, make_render, make_sink
+from tests.transforms.samples import ROOM, TS, make_render, make_sink
 from tests.transforms.test_dispatch import change, typed_table
 from transforms.render import Render
 
@@ -29,9 +29,9 @@ def _render(sink: SinkConfig, tmp_path: Path | None = None, **keys: Any) -> Rend
     return make_render(sink, beside=tmp_path, secret=SECRET, **keys)
 
 
-def _messages(render: Render, *changes: Any) -> list[Message]:
+def _messages(render: Render, *changes: Any, room: int = ROOM) -> list[Message]:
     table = changes[0].table
-    return render([[(DESCRIBE, table), *(pack(c) for c in changes)]])
+    return render([[(DESCRIBE, table), *(pack(c) for c in changes)]], room)
 
 
 def _sink(**fields: Any) -> SinkConfig:
@@ -117,7 +117,7 @@ def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, 
     table = broken.table
     render._tables[table.uid] = table
     render._plans[table.uid] = plan
-    (message,) = render([[pack(broken)]])
+    (message,) = render([[pack(broken)]], ROOM)
     assert json.loads(message.payload)["error"] == {"step": "where", "message": "AssertionError"}
 
 
@@ -136,7 +136,7 @@ def test_filters_and_routing_alone_keep_the_envelopes_own_payload() -> None:
                  tables=[{"name": "public.orders", "where": [{"column": "status", "eq": "paid"}]}])
     kept = change(typed_table(), 7)
     (message,) = _messages(_render(sink), kept)
-    unshaped = make_render(sink)([[(DESCRIBE, kept.table), pack(kept)]])[0]
+    unshaped = make_render(sink)([[(DESCRIBE, kept.table), pack(kept)]], ROOM)[0]
     assert (message.payload, message.msg_id, message.labels, message.commit_ts) == (
         unshaped.payload, unshaped.msg_id, unshaped.labels, unshaped.commit_ts)
     assert (message.subject, message.headers) == (b"wf.app.orders.paid", b'Wf-Key: ["7"]\r\n')
@@ -170,9 +170,9 @@ def test_a_message_over_max_payload_is_published_with_its_largest_values_replace
         caplog: pytest.LogCaptureFixture) -> None:
     table, metrics, room = typed_table(), Metrics(), 4000
     big, other = b"s" * 5000, b'{"a": "' + b"d" * 3000 + b'"}'
-    render = make_render(_sink(), room=room, metrics=metrics)
+    render = make_render(_sink(), metrics=metrics)
     small, fitted, again = _messages(render, _row(table, 1, b"paid"), _row(table, 2, big, other),
-                                     _row(table, 3, big))
+                                     _row(table, 3, big), room=room)
     assert json.loads(small.payload)["record"]["status"] == "paid"  # under the limit: as it was
     for message, doc in ((fitted, {"a": "d" * 3000}), (again, {"a": 1})):
         record = json.loads(message.payload)["record"]
@@ -188,8 +188,8 @@ def test_a_message_exactly_at_max_payload_is_published_whole() -> None:
     table = typed_table()
     (whole,) = _messages(make_render(_sink()), _row(table, 1, b"s" * 5000))
     room = len(whole.payload) + len(whole.msg_id)
-    assert _messages(make_render(_sink(), room=room), _row(table, 1, b"s" * 5000)) == [whole]
-    (fitted,) = _messages(make_render(_sink(), room=room - 1), _row(table, 1, b"s" * 5000))
+    assert _messages(make_render(_sink()), _row(table, 1, b"s" * 5000), room=room) == [whole]
+    (fitted,) = _messages(make_render(_sink()), _row(table, 1, b"s" * 5000), room=room - 1)
     assert b"__walflow_oversized_value:5000" in fitted.payload
 
 
@@ -201,7 +201,7 @@ def test_a_read_is_measured_with_its_id_which_names_its_row() -> None:
     read = _row(table, 1, b"s" * 2000)._replace(action="read", read=ReadOf("app-to-nats", "b1", key))
     (whole,) = _messages(make_render(_sink()), read)
     room = len(whole.payload) + len(whole.msg_id) - 1  # the id is most of the message: ~4 kB of base64
-    (fitted,) = _messages(make_render(_sink(), room=room), read)
+    (fitted,) = _messages(make_render(_sink()), read, room=room)
     assert json.loads(fitted.payload)["record"]["status"] == "__walflow_oversized_value:2000"
     assert fitted.msg_id == whole.msg_id and _fits(fitted, room)
 
@@ -212,7 +212,7 @@ def test_values_whose_json_outgrows_their_text_take_another_round() -> None:
     table, room = typed_table(), 3000
     # a text column may hold control characters; a jsonb's text never does (Postgres escapes them)
     status, doc = b"\x01" * 1500, b'{"a": "' + b"s" * 2000 + b'"}'
-    (message,) = _messages(make_render(_sink(), room=room), _row(table, 1, status, doc))
+    (message,) = _messages(make_render(_sink()), _row(table, 1, status, doc), room=room)
     record = json.loads(message.payload)["record"]
     assert (record["status"], record["doc"]) == ("__walflow_oversized_value:1500", "__walflow_oversized_value:2009")
     assert _fits(message, room)
@@ -224,7 +224,7 @@ def test_an_update_loses_its_old_values_as_well_and_filters_are_not_asked_again(
     sink = _sink(tables=[{"name": "public.orders", "where": [{"column": "status", "ne": "x"}],
                           "columns": {"mask": {"amount": "redact"}}}])
     old = (b"1", b"o" * 4000, b"1.00", b"2026-11-30 04:00:00+00", b"{}")
-    (message,) = _messages(make_render(sink, room=room), _row(table, 1, b"n" * 4000, old=old))
+    (message,) = _messages(make_render(sink), _row(table, 1, b"n" * 4000, old=old), room=room)
     payload = json.loads(message.payload)
     assert payload["record"]["status"] == "__walflow_oversized_value:4000" and payload["record"]["amount"] == "[redacted]"
     assert payload["changes"]["status"] == "__walflow_oversized_value:4000" and _fits(message, room)
@@ -233,12 +233,12 @@ def test_an_update_loses_its_old_values_as_well_and_filters_are_not_asked_again(
 def test_a_message_that_cannot_fit_is_its_dead_letter_whatever_on_error_says(
         caplog: pytest.LogCaptureFixture) -> None:
     table, metrics = typed_table(), Metrics()
-    render = make_render(_sink(), room=600, metrics=metrics)  # on_error: stop
-    first, second = _messages(render, _row(table, 1, b"s" * 5000), _row(table, 2, b"s" * 5000))
+    render = make_render(_sink(), metrics=metrics)  # on_error: stop
+    first, second = _messages(render, _row(table, 1, b"s" * 5000), _row(table, 2, b"s" * 5000), room=600)
     dead = json.loads(first.payload)
     assert first.subject == b"wf.app.dead_letter" and dead["error"]["step"] == "size"
-    assert dead["metadata"]["record_pks"] == ["1"] and first.msg_id == make_render(_sink())(
-        [[(DESCRIBE, table), pack(_row(table, 1, b"x"))]])[0].msg_id  # under the row's own id
+    assert dead["metadata"]["record_pks"] == ["1"] and first.msg_id == _messages(make_render(_sink()),
+                                                                          _row(table, 1, b"x"))[0].msg_id  # under the row's own id
     assert b"sssss" not in first.payload and second.subject == b"wf.app.dead_letter"
     assert [r.getMessage() for r in caplog.records if "dead letter" in r.getMessage()] == [
         "public.orders: the insert at commit LSN 0/65 (commit_idx 0) does not fit in sink 'app-to-nats''s "

@@ -19,7 +19,7 @@ from core.errors import FatalError, ValueFree
 from core.events import UNCHANGED_TOAST, JsonText, Row
 from core.tokens import subject_token
 from transforms import route
-from transforms.route import DEFAULT_SUBJECT, Router, RoutingError, publishes_outside
+from transforms.route import DEFAULT_SUBJECT, Router, RoutingError, publishes_outside, replay_subjects
 
 #: Any str, lone surrogates included: the rules are total.
 any_text = st.text(st.characters(exclude_categories=()))
@@ -382,3 +382,12 @@ def test_a_dead_letter_subject_outside_the_stream_stops_the_sink_where_it_is_use
 ])
 def test_publishes_outside_the_databases_subjects(keys: dict[str, Any], outside: bool) -> None:
     assert publishes_outside(_sink(**keys), "app") is outside
+
+
+def test_a_sink_that_routes_outside_its_subjects_scans_the_whole_stream() -> None:
+    assert replay_subjects(_sink(routing={"python": "shaping:route"}), "app") == ">"
+    assert replay_subjects(_sink(routing={"subject": "{prefix}.{database}.{record.tenant}"}), "app") == "wf.app.>"
+    # with Sequin's ids the router keeps every subject under the database's
+    assert replay_subjects(_sink("sequin", routing={"python": "shaping:route"}), "app") == "wf.app.>"
+    assert replay_subjects(_sink(on_error="dead_letter", dead_letter_subject="{prefix}.tenants.dead"), "app") == ">"
+    assert replay_subjects(_sink(), "my db") == "wf.my%20db.>"

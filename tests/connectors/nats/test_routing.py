@@ -17,11 +17,13 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import ensure_stream
+from connectors.nats.target import SinkTarget
 from core.errors import PermanentPublishError
 from core.ids import IdScheme
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
 from tests.harness import Nats, TestNames
+from transforms.route import replay_subjects
 
 runtime = Runtime()
 
@@ -119,17 +121,6 @@ def _sink(nats_srv: Nats, names: TestNames, name: str = "orders", **keys: Any) -
     return SinkConfig.model_validate({"name": name, "database": "app", "destination": destination, **keys})
 
 
-def test_a_sink_that_routes_outside_its_subjects_scans_the_whole_stream(nats_srv: Nats, names: TestNames) -> None:
-    routed = _sink(nats_srv, names, routing={"python": "shaping:route"})
-    assert JetStreamSink(routed, "app", 0, runtime).scanned == ">"
-    inside = _sink(nats_srv, names, routing={"subject": "{prefix}.{database}.{record.tenant}"})
-    assert JetStreamSink(inside, "app", 0, runtime).scanned == f"{names.subject_prefix}.app.>"
-    sequin = _sink(nats_srv, names, routing={"python": "shaping:route"}, destination={"msg_id": "sequin"})
-    assert JetStreamSink(sequin, "app", 0, runtime).scanned == f"{names.subject_prefix}.app.>"  # the router keeps it so
-    dead_letters = _sink(nats_srv, names, on_error="dead_letter", dead_letter_subject="{prefix}.tenants.dead")
-    assert JetStreamSink(dead_letters, "app", 0, runtime).scanned == ">"
-
-
 def test_the_replay_scan_finds_this_sinks_routed_messages_and_ignores_other_sinks(
     nc: WalflowClient, nats_srv: Nats, names: TestNames
 ) -> None:
@@ -152,12 +143,13 @@ def test_the_replay_scan_finds_this_sinks_routed_messages_and_ignores_other_sink
             await js.publish(subject, b"{}", headers={"Nats-Msg-Id": msg_id})
 
     runtime.run(fill())
-    sink = JetStreamSink(_sink(nats_srv, names, routing={"python": "shaping:route"}), "app", 20, runtime, "slot")
+    routed = _sink(nats_srv, names, routing={"python": "shaping:route"})
+    target = SinkTarget.prepare(routed, "app", runtime, replay_from=20, scanned=replay_subjects(routed, "app"))
     try:
-        assert sink.prepare() == 30  # the replay horizon: the highest position found
-        assert sink._published == frozenset({ours.encode(20, 0).decode(), ours.encode(30, 1).decode(), read})
-        assert sink.stream_subjects() == (f"{prefix}.app.>", f"{prefix}.tenants.>")
-        part = sink.build_part("publish", "orders-0", None)
+        assert target.horizon == 30  # the replay horizon: the highest position found
+        assert target.skip == frozenset({ours.encode(20, 0).decode(), ours.encode(30, 1).decode(), read})
+        assert target.stream.subjects == (f"{prefix}.app.>", f"{prefix}.tenants.>")
+        part = JetStreamSink(target).build_part("publish", "orders-0", None)
         stored_since = part._publisher._stored_since
 
         async def since_start() -> set[str]:
@@ -168,15 +160,13 @@ def test_the_replay_scan_finds_this_sinks_routed_messages_and_ignores_other_sink
         assert {ours.encode(10, 0).decode(), ours.encode(30, 1).decode()} <= runtime.run(since_start())
         part.close()
     finally:
-        if sink._nc is not None:
-            runtime.run(sink._nc.close())
-    unrouted = JetStreamSink(_sink(nats_srv, names), "app", 20, runtime, "slot")
+        target.close()
+    unrouted = _sink(nats_srv, names)
+    target = SinkTarget.prepare(unrouted, "app", runtime, replay_from=20, scanned=replay_subjects(unrouted, "app"))
     try:
-        unrouted.prepare()
-        assert unrouted._published == frozenset({ours.encode(20, 0).decode()})  # what a scan of <prefix>.app.> alone sees
+        assert target.skip == frozenset({ours.encode(20, 0).decode()})  # what a scan of <prefix>.app.> alone sees
     finally:
-        if unrouted._nc is not None:
-            runtime.run(unrouted._nc.close())
+        target.close()
 
 
 def test_a_routed_message_sent_again_keeps_its_subject_and_headers(

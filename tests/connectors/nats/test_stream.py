@@ -3,8 +3,8 @@
 A stream that captures the sink's subjects is used whatever its name; one that captures
 only part of them, or an explicit name beside a capturing stream, is a clear error;
 otherwise the configured stream is created on ``<prefix>.<database>.>``, and a stream
-walflow created takes a second database's subjects. Also the sink's own check that
-Sequin-form ids (``msg_id: sequin``) do not share a stream.
+walflow created takes a second database's subjects. Also the check that Sequin-form ids
+(``msg_id: sequin``) do not share a stream (connectors/nats/clashes.py), through a sink's target.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from config.schema import NatsDestination, SinkConfig
+from connectors.nats.clashes import SharedSequinIdsError
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.sink import JetStreamSink, SharedSequinIdsError
+from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream, stream_for
+from connectors.nats.target import SinkTarget
 from core.errors import StreamSetupError
 from core.runtime import Runtime
+from core.subjects import database_subjects
 from tests.connectors.nats.clients import message, nats_client
 from tests.harness import Nats, TestNames, delete_stream
 
@@ -210,26 +213,26 @@ def _sink(nats_srv: Nats, names: TestNames, name: str, database: str = "app", **
     )
 
 
-def _close(sink: JetStreamSink) -> None:
-    if sink._nc is not None:
-        runtime.run(sink._nc.close())
+def _prepare(sink: SinkConfig, database: str = "app", peers: list[SinkConfig] | None = None) -> SinkTarget:
+    return SinkTarget.prepare(sink, database, runtime, replay_from=0,
+                              scanned=database_subjects(sink.destination.subject_prefix, database), peers=peers or [])
 
 
 def test_a_sinks_events_land_in_the_stream_found(
     nc: WalflowClient, nats_srv: Nats, names: TestNames, default_stream: str
 ) -> None:
     _add(nc, names.stream, [f"{names.subject_prefix}.>"])
-    sink = JetStreamSink(_sink(nats_srv, names, "orders", msg_id="sequin"), "app", 0, runtime, "slot")
+    target = _prepare(_sink(nats_srv, names, "orders", msg_id="sequin"))
     try:
-        assert sink.prepare() == 0
-        assert sink.stream is not None and sink.stream.name == names.stream
-        part = sink.build_part("publish", "orders-0", None)
-        part.write_batch([message(names.subject_prefix, "t", "insert", b"{}", sink.ids.encode(lsn, 0).decode())
+        assert target.horizon == 0
+        assert target.stream.name == names.stream
+        part = JetStreamSink(target).build_part("publish", "orders-0", None)
+        part.write_batch([message(names.subject_prefix, "t", "insert", b"{}", target.ids.encode(lsn, 0).decode())
                           for lsn in (7, 8)])
         assert part.snapshot() == {"last_seq": 2}
         part.close()
     finally:
-        _close(sink)
+        target.close()
     assert runtime.run(nc.jetstream().stream_info(names.stream)).state.messages == 2
     assert not _exists(nc, default_stream)
 
@@ -247,11 +250,7 @@ def test_two_sinks_with_sequin_ids_in_one_stream_refuse_to_start(
                       stream={"name": f"{names.stream}_X"})
 
     def start(peers: list[SinkConfig]) -> None:
-        sink = JetStreamSink(orders, "app", 0, runtime, "slot", peers=[orders, *peers])
-        try:
-            sink.prepare()
-        finally:
-            _close(sink)
+        _prepare(orders, peers=[orders, *peers]).close()
 
     with pytest.raises(SharedSequinIdsError) as info:
         start([same_db])
@@ -274,19 +273,17 @@ def test_a_subject_lost_to_a_racing_update_is_added_again_at_the_next_publish(
 ) -> None:
     prefix = names.subject_prefix
     runtime.run(ensure_stream(nc, _dest(nats_srv, names, stream={"name": names.stream}), "app"))
-    sink = JetStreamSink(_sink(nats_srv, names, "crm-out", database="crm", stream={"name": names.stream}),
-                         "crm", 0, runtime, "slot")
+    target = _prepare(_sink(nats_srv, names, "crm-out", database="crm", stream={"name": names.stream}), "crm")
     try:
-        sink.prepare()
         assert _subjects(nc, names.stream) == [f"{prefix}.app.>", f"{prefix}.crm.>"]
-        part = sink.build_part("publish", "crm-out-0", None)
+        part = JetStreamSink(target).build_part("publish", "crm-out-0", None)
         # another process's update, read before this one's, replaces the subjects whole
         config = runtime.run(nc.jetstream().stream_info(names.stream)).config
         config.subjects = [f"{prefix}.app.>"]
         runtime.run(nc.jetstream().update_stream(config))
-        part.write_batch([message(prefix, "t", "insert", b"{}", sink.ids.encode(9, 0).decode(), database="crm")])
+        part.write_batch([message(prefix, "t", "insert", b"{}", target.ids.encode(9, 0).decode(), database="crm")])
         assert part.snapshot() == {"last_seq": 1}  # "no responders", the stream set up again, re-sent
         part.close()
     finally:
-        _close(sink)
+        target.close()
     assert _subjects(nc, names.stream) == [f"{prefix}.app.>", f"{prefix}.crm.>"]

@@ -1,0 +1,126 @@
+"""Where one sink publishes: its NATS connection, its stream, and what the replay scan found.
+
+:meth:`SinkTarget.prepare` is the flow's explicit prepare step, called from its build
+(``dataflows/cdc.py``), never at an import: it connects (waiting while NATS is unreachable),
+finds or creates the stream (``stream.py``), refuses a clash of Sequin ids (``clashes.py``)
+and reads the stream's tail back to the slot's confirmed LSN (``replay.py``): the ids a
+replay must not publish again, and the horizon the source must not confirm up to. The
+sink's partitions in this process share the target; nothing is process-global.
+
+After that it keeps both current: a connection nats-py closed for good is opened again (the
+stream and the clash check with it, not the scan), and a stream that vanished ("no
+responders") is set up again, so late re-sends read the stream the sink publishes into.
+
+``scanned`` is what the scan and late re-sends read: the sink's own ``<prefix>.<database>.>``,
+or the whole stream when routing may publish outside it (:func:`transforms.route.replay_subjects`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from config.schema import SinkConfig
+from connectors.nats.clashes import check_sequin_ids
+from connectors.nats.connection import connect, permission_error
+from connectors.nats.natspy import WalflowClient
+from connectors.nats.replay import already_published, horizon, ids_since
+from connectors.nats.stream import SinkStream, ensure_stream
+from core.errors import FatalError
+from core.ids import IdScheme
+from core.runtime import Runtime
+
+log = logging.getLogger("walflow.nats")
+
+
+class SinkTarget:
+    """One sink's connection and stream in this process, and the ids its replay must skip."""
+
+    def __init__(self, sink: SinkConfig, database: str, runtime: Runtime, *, scanned: str,
+                 peers: Sequence[SinkConfig], nc: WalflowClient, stream: SinkStream, skip: frozenset[str]) -> None:
+        """What :meth:`prepare` found (use that); ``database``: the configured name of the
+        database the changes come from; ``runtime``: whose loop the connection lives on."""
+        self.sink = sink
+        self.database = database
+        self.runtime = runtime
+        self.scanned = scanned
+        self._peers = peers
+        self.ids = IdScheme(database, sink.name, sink.destination.msg_id)
+        #: Ids of changes to be replayed that the stream already holds: the publisher skips them.
+        self.skip = skip
+        #: The highest position among them: the source confirms nothing up to it (``replay.py``).
+        self.horizon = horizon(skip, self.ids)
+        self._nc = nc
+        self._stream = stream
+        self._lock = asyncio.Lock()  # on the runtime's loop: partitions connect from several workers
+
+    @classmethod
+    def prepare(cls, sink: SinkConfig, database: str, runtime: Runtime, *, replay_from: int, scanned: str,
+                peers: Sequence[SinkConfig] = ()) -> SinkTarget:
+        """Connect, set the stream up and read its tail now, at startup, rather than at the first
+        message; ``replay_from``: the slot's confirmed LSN, where the source resumes;
+        ``peers``: the config's sinks, of every database, which a sink with ``msg_id: sequin``
+        must not share its stream with."""
+        async def prepared() -> SinkTarget:
+            nc, stream = await cls._open(sink, database, runtime, peers)
+            ids = IdScheme(database, sink.name, sink.destination.msg_id)
+            with _requests_of(nc, sink):
+                found = await already_published(nc, stream.name, scanned, ids, replay_from)
+            if found:
+                log.info("%s: %d change(s) to be replayed are already in the stream; not publishing them again",
+                         sink.name, len(found))
+            return cls(sink, database, runtime, scanned=scanned, peers=peers, nc=nc, stream=stream,
+                       skip=frozenset(found))
+
+        return runtime.run(prepared())
+
+    @staticmethod
+    async def _open(sink: SinkConfig, database: str, runtime: Runtime,
+                    peers: Sequence[SinkConfig]) -> tuple[WalflowClient, SinkStream]:
+        """A new connection, with the stream found (or created) and Sequin ids checked on it."""
+        dest = sink.destination
+        nc = await connect(dest, name=f"walflow:{sink.name}", metrics=runtime.metrics)
+        with _requests_of(nc, sink):
+            stream = await ensure_stream(nc, dest, database)
+            await check_sequin_ids(nc, sink, database, peers, stream.name)
+        return nc, stream
+
+    @property
+    def stream(self) -> SinkStream:
+        """The stream the sink's events land in, as last found."""
+        return self._stream
+
+    async def connection(self) -> WalflowClient:
+        """The sink's connection; opened again if nats-py closed it for good."""
+        async with self._lock:
+            if self._nc.is_closed:
+                self._nc, self._stream = await self._open(self.sink, self.database, self.runtime, self._peers)
+            return self._nc
+
+    async def stream_again(self) -> None:
+        """The stream vanished while running (JetStream answered "no responders"): set it up again."""
+        self._stream = await ensure_stream(await self.connection(), self.sink.destination, self.database)
+
+    async def stored_since(self, seq: int) -> set[str]:
+        """The ids in the stream on :attr:`scanned` from sequence ``seq`` on: what a late re-send checks."""
+        return await ids_since(await self.connection(), self._stream.name, self.scanned, seq)
+
+    def close(self) -> None:
+        self.runtime.run(self._nc.close())
+
+
+@contextmanager
+def _requests_of(nc: WalflowClient, sink: SinkConfig) -> Iterator[None]:
+    """JetStream API requests of ``sink`` on ``nc``: one that failed after the server reported a
+    permissions violation raises the fatal error naming what to grant (it only timed out)."""
+    try:
+        yield
+    except FatalError:
+        raise
+    except Exception as exc:
+        denied = permission_error(nc, sink.destination, f"a JetStream API request of sink '{sink.name}'")
+        if denied is not None:
+            raise denied from exc
+        raise
