@@ -265,7 +265,7 @@ class Message:
     and what its acknowledgement is counted under (as Bytewax's ``KafkaSinkMessage`` carries its
     topic). Render builds every one (the envelope, shaping, dead letters) and nothing changes
     one after: each attribute is ``Final``. A class with ``__slots__``, built positionally on the
-    hot path: a frozen dataclass costs three times as much (``bench/results/2026-12-02-issue24-sink.md``)."""
+    hot path (why not a frozen dataclass: ``docs/design.md``, *core/events.py*)."""
 
     __slots__ = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
 

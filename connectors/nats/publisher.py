@@ -19,7 +19,8 @@ which ack codes are which is :data:`core.errors.JETSTREAM_PUBLISH`'s to say. A m
 the server's ``max_payload`` is refused before it is sent: the invariant behind render's size
 policy (``core/sizes.py``), not a policy of its own.
 
-Metrics (:mod:`core.metrics`): acks counted by the message's labels, commit → ack latency
+Metrics (:mod:`core.metrics`): acks counted by the message's labels (why those:
+``docs/design.md``, *connectors/nats/publisher.py*), commit → ack latency
 observed, in plain ints added to the process's metrics once per share of the window and at
 every :meth:`AckPublisher.settle`; retries and error acks as they are handled.
 """

@@ -6,7 +6,7 @@ duplicate window (2 minutes by default), so walflow finds them itself:
 :func:`already_published` probes back from the stream's tail to one of this pipeline's
 messages older than the confirmed LSN, then reads forward from there. :func:`horizon` is the
 highest position found: the source confirms nothing up to it until it has passed it. Why
-that is exact, across restarts too: the README's *Design* (*Why the replay scan is exact*).
+that is exact, across restarts too: ``docs/design.md``, *connectors/nats/replay.py*.
 
 Which messages are this pipeline's, and at which position, only its :class:`core.ids.IdScheme`
 says: nothing here reads an id's text. Every read is confined to the subjects it is given
