@@ -4,9 +4,8 @@ partition each goes to, and what crosses to it.
 Everything here must run in commit order where the slot is read; everything after it
 (converting values, the envelope, publishing) runs on the worker that owns the sink
 partition, in another process of a cluster if the partition is there
-(``transforms/render.py``). One batch step does it all: Bytewax's per-item step shims
-cost a microsecond or more each, and the slot's worker is the part of a cluster that does
-not scale.
+(``transforms/render.py``). One batch step does it all: the slot's worker is the part of a
+cluster that does not scale, and Bytewax's per-item step shims cost ~1 µs each.
 
 For each change of a batch, in order:
 
@@ -16,9 +15,8 @@ For each change of a batch, in order:
    :meth:`connectors.nats.sink.JetStreamSink.part_fn` reads back: equal group keys, one
    partition, one order.
 3. :func:`core.wire.pack`: the compact item, into the batch's list for that partition (one
-   list per partition per batch crosses the exchange, not an item per change: Bytewax's
-   per-item routing, ``part_fn`` call and pickling cost a few µs each, a list's elements
-   a fraction of that). Before the first change of a table version on
+   list per partition per batch crosses the exchange: per-item routing costs µs). Before
+   the first change of a table version on
    a partition, ``(DESCRIBE, table)``; when a version is superseded in its lineage (a new
    Relation message for the relation, another read of a backfill's table), ``(FORGET, uid)``
    to each partition that had it, so a partition keeps the versions still in use only

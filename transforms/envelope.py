@@ -2,10 +2,8 @@
 
 The envelope addresses the message too: its default subject (:func:`core.subjects.subject`)
 and its metrics' labels, cached per table and action with the payload's head; routing may
-give it another (``transforms/render.py``).
-
-The payload is exactly what Sequin publishes (``shared/CONTRACT.md``; Sequin's
-``consumer_event_data.ex`` and ``consumers.ex``), so Sequin consumers keep working::
+give it another (``transforms/render.py``). The payload is exactly what Sequin publishes
+(README, "What lands in JetStream"), so Sequin consumers keep working::
 
     {"record": {...}, "changes": {...} | null, "action": "insert" | "update" | "delete" | "read",
      "metadata": {"database_name", "table_schema", "table_name", "commit_timestamp",
@@ -14,68 +12,15 @@ The payload is exactly what Sequin publishes (``shared/CONTRACT.md``; Sequin's
                   "consumer": {"id", "name", "annotations"},
                   "database": {"id", "name", "annotations", "database", "hostname"}}}
 
-**Record and changes.** ``record`` is the new row (insert, update, a backfill's read) or the
-old row (delete: under REPLICA IDENTITY DEFAULT its non-key columns are ``null``, as in
-Sequin). ``changes`` holds, for an update whose old row Postgres sent (REPLICA IDENTITY
-FULL, or a changed key), the old value of each column whose value differs; ``{}`` for an
-update without an old row; ``null`` otherwise. A TOASTed column that the update left alone
-has no new value: ``record`` shows its old value when Postgres sent the old row, else
-``"unchanged_toast"`` (Sequin's marker), and ``changes`` leaves it out, as Sequin does.
-
-**Values** are Sequin's (its ``value_caster.ex``, then Jason): the source already loads
-bytea, ranges and the vectors as Postgres's text and intervals as ``{"months", "days",
-"microseconds"}`` (:mod:`connectors.postgres.types`). Rows are encoded by orjson in one
-call, without a Python step per value (see *Two encoders* below); the exact encoder,
-``pydantic_core.to_json`` after rewriting the values whose default differs from Sequin's
-(found by one type lookup per column and, for arrays, per first element: Postgres arrays
-hold one type), defines the bytes:
-
-- **timestamps** on a whole second: ``to_json`` drops the fraction; Sequin (Ecto's ``_usec``
-  types) always writes six digits (``…05.000000Z``).
-- **numeric** → positional digits (``0.00000001``, never ``1E-8``), as Jason writes decimals.
-- **unchanged TOAST** → as above.
-- **a value too large to publish** (:class:`core.events.OversizedValue`, ``core/sizes.py``) →
-  ``"__walflow_oversized_value:<its size in bytes>"``, whatever the column's type.
-- **timestamps** with ``timestamp_format: unix_microsecond`` → integer microseconds since
-  the Unix epoch, in ``record`` and ``changes`` only (``commit_timestamp`` stays ISO, as in
-  Sequin); a timestamp without time zone is read as UTC.
-
-**Two encoders, one output.** The exact encoder costs a Python call per value, and
-pydantic-core's encoding is 2-3x orjson's; on a typical row that was most of the envelope.
-orjson writes every value the source produces as pydantic-core does (a property test holds
-them byte for byte), except where a row takes the exact encoder instead: what orjson cannot
-write (an integer beyond 64 bits, a tz-aware ``time``, a lone surrogate, an unknown type:
-it raises), a non-finite float (orjson writes ``null``: a row whose output holds more
-``null`` than it has ``None`` columns), and a timestamp with whole seconds or an offset
-other than UTC (orjson drops the fraction or rounds a seconds offset where pydantic-core
-truncates: found in the output by :data:`_EXACT_TIMESTAMP`, which a text that looks the
-same also sends the exact way; so does a time whose fraction orjson writes one digit short).
-Decimals, unchanged TOAST and oversized values are written by orjson's
-``default``, as the exact encoder rewrites them; with ``timestamp_format:
-unix_microsecond`` datetimes are too. A :class:`core.events.JsonText` (a json value Python's
-values cannot carry: nested too deep, a number beyond a double) is embedded as its text by
-both: orjson's ``default`` gives its ``orjson.Fragment``, and the exact encoder, which cannot
-embed JSON, writes the row around it in pieces (:func:`_embedded`).
-
-**Transaction annotations** are any text a database role writes: JSON (any depth, read as a
-json column is) is published as that JSON; anything else as ``null``, as Sequin publishes
-it, with one warning per process that never quotes the text.
-
-**Idempotency key** (also the ``Nats-Msg-Id``): :class:`core.ids.IdScheme`'s id of the
-change: walflow's by default (it names database and sink, so that sinks can share a
-stream), Sequin's ``base64("<commit_lsn>:<commit_idx>")`` with ``destination.msg_id:
-sequin``; the same on every replay.
-
-**Ids** of ``consumer`` and ``database`` are the config's ``id`` (a ``sequin config export``
-file has Sequin's), else UUIDs derived from the names: stable across runs and machines.
-
-**Shaped messages** (``transforms/render.py``, when a sink renames, masks, filters, transforms
-or enriches): render shapes ``record``, ``changes`` and ``record_pks`` itself and hands the
-parts to :meth:`Envelope.shaped`, which writes them with the same encoders, head and tail,
-so parts left as they are give ``__call__``'s bytes exactly; :meth:`Envelope.metadata` is the
-same metadata as Python values, for the callables; :func:`encode_json` writes any other JSON
-value (a transform's result, an enrichment row) by the exact encoder's rules. The
-unshaped ``__call__`` stays one inline pass: a sink without shaping pays nothing for these.
+Contract: ``record`` is the new row (the old one for a delete), ``changes`` the old values
+that differ (``{}`` for an update without an old row, ``null`` otherwise), unchanged TOAST
+as ``"unchanged_toast"``, an oversized value as ``"__walflow_oversized_value:<bytes>"``;
+values as Sequin writes them. Two encoders (orjson, and pydantic-core's as the exact one)
+write the same bytes for every row; a row orjson would write differently takes the exact
+one. :meth:`Envelope.shaped` writes shaped parts with the same encoders, head and tail, so
+unchanged parts give ``__call__``'s bytes exactly. The idempotency key (also the
+``Nats-Msg-Id``) is :class:`core.ids.IdScheme`'s id of the change, the same on every replay.
+The rules value by value, and why two encoders: docs/design.md, ``transforms/envelope.py``.
 """
 
 from __future__ import annotations
