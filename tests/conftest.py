@@ -18,6 +18,10 @@ from tests.harness import Database, ExternalNats, ExternalPostgres, Nats, Postgr
 
 T = TypeVar("T")
 
+#: tests/tiers.py keeps the markers true (``servers`` from these fixtures, a subprocess checked against
+#: both); pytester runs the check itself on tests of its own (tests/test_tiers.py).
+pytest_plugins = ["tests.tiers", "pytester"]
+
 
 def _session_server(variable: str, external: Callable[[str], T], embedded: Callable[[], EmbeddedServer]) -> Iterator[T]:
     """The external server named by ``variable``, else an embedded one for the whole session."""
