@@ -54,6 +54,7 @@ def child(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
         markers =
             servers: needs the servers
             slow: slow
+            alone: alone
     """))
     return pytester
 
@@ -171,3 +172,79 @@ def test_the_summary_names_an_unmarked_test_that_took_long(child: pytest.Pyteste
     result.stdout.re_match_lines([r".* not marked slow, over 10 s .*", r"\s*11\.5s test_durations.py::test_long_unmarked$"])
     assert "test_long_marked" not in result.stdout.str() and "test_quick" not in result.stdout.str()
     assert result.ret == 0
+
+
+_LOCK_CASES = textwrap.dedent("""
+    import os, time, uuid
+    import pytest
+
+    def busy(name, seconds):
+        # the test's interval on the wall clock, with a workload long enough for the other worker's to overlap it
+        start = time.monotonic()
+        time.sleep(seconds)
+        with open(os.path.join(os.environ["RECORD_DIR"], uuid.uuid4().hex), "w") as f:
+            f.write(f"{name} {start} {time.monotonic()} {os.environ['PYTEST_XDIST_WORKER']}")
+
+    @pytest.mark.alone
+    def test_alone():
+        busy("alone", 1.0)
+
+    @pytest.mark.parametrize("n", range(6))
+    def test_quick(n):
+        busy(f"quick{n}", 0.5)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("n", range(2))
+    def test_slow(n):
+        busy(f"slow{n}", 0.5)
+""")
+
+
+@pytest.mark.slow
+def test_under_xdist_an_alone_test_runs_while_no_other_does(child: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    record = child.mkdir("record")
+    monkeypatch.setenv("RECORD_DIR", str(record))
+    child.makeconftest(textwrap.dedent("""
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(items):
+            # the alone test where the second worker starts (tiers.py puts it last, where little overlaps it)
+            alone = next(i for i in items if i.name == "test_alone")
+            items.remove(alone)
+            items.insert(2, alone)
+    """))
+    child.makepyfile(test_lock=_LOCK_CASES)
+    result = child.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=9)
+    runs = {name: (float(start), float(end), worker) for name, start, end, worker
+            in (p.read_text().split() for p in record.iterdir())}
+    alone_start, alone_end, _ = runs.pop("alone")
+    assert [name for name, (start, end, _) in runs.items() if start < alone_end and end > alone_start] == []
+    overlapping = [(a, b) for a in runs for b in runs
+                   if a < b and runs[a][0] < runs[b][1] and runs[b][0] < runs[a][1]]
+    assert overlapping  # the others did run at once
+
+
+@pytest.mark.slow
+def test_under_xdist_the_slow_tests_come_first_and_the_alone_ones_last(child: pytest.Pytester,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECORD_DIR", str(child.mkdir("record")))
+    monkeypatch.setenv("ORDER_DIR", str(child.mkdir("order")))
+    child.makeconftest(textwrap.dedent("""
+        import os
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_finish(session):
+            if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: it runs nothing
+                return
+            with open(os.path.join(os.environ["ORDER_DIR"], os.environ["PYTEST_XDIST_WORKER"]), "w") as f:
+                f.write(" ".join(item.name for item in session.items))
+    """))
+    child.makepyfile(test_lock=_LOCK_CASES)
+    child.runpytest_subprocess("-n", "2").assert_outcomes(passed=9)
+    orders = {p.name: p.read_text() for p in (child.path / "order").iterdir()}
+    expected = " ".join(["test_slow[0]", "test_slow[1]", *(f"test_quick[{n}]" for n in range(6)), "test_alone"])
+    assert orders == {"gw0": expected, "gw1": expected}

@@ -7,15 +7,24 @@ no fixture shows, a subprocess does: an audit hook sees every ``subprocess.Popen
 test process and fails the running test when the command needs a marker it lacks
 (:func:`needs`): a pipeline (``python -m bytewax.run``, the demo) needs ``slow``; a server
 binary, or a Python child that starts the embedded servers, needs ``servers``. ``slow`` for a
-test over ~5 s is the author's to write; the summary lists unmarked tests that took longer
-than :data:`SLOW_SECONDS`. A pytest plugin, registered by ``tests/conftest.py``.
+test over ~5 s is the author's to write; the summary of a one-process run lists unmarked tests
+that took longer than :data:`SLOW_SECONDS`.
+
+Under pytest-xdist the workers run the slow tests first (the longest are there: they should
+not be the last to start), handed out one at a time (``--maxschedchunk 1`` unless given),
+and a test marked ``alone`` (it measures its process's CPU) runs with no other test at once:
+every test holds a shared lock, an ``alone`` one an exclusive lock, through a turnstile so
+that it is not starved. A pytest plugin, registered by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
-from collections.abc import Generator, Sequence
+import tempfile
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +43,12 @@ SERVER_CLASSES = ("PostgresServer", "NatsServer")
 #: A test not marked ``slow`` that took longer than this is named in the summary (not failed: the machine is noisy).
 SLOW_SECONDS = 10.0
 
+#: Set by the xdist controller for its workers: the file whose locks keep an ``alone`` test alone.
+LOCK_VARIABLE = "WALFLOW_TESTS_ALONE_LOCK"
+
 _violations = pytest.StashKey[list[str]]()
 _failed = pytest.StashKey[bool]()
+_lock_made = pytest.StashKey[tuple[str, str | None]]()
 _current: pytest.Item | None = None
 _hooked = False
 _unmarked_slow: list[tuple[float, str]] = []
@@ -95,28 +108,87 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         pytest.fail(message, pytrace=False)
 
 
+def _parallel(config: pytest.Config) -> bool:
+    """True in the controller of a pytest-xdist run that starts workers."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _hooked
     if not _hooked:  # an audit hook cannot be removed: one per process, reading the running test
         sys.addaudithook(_audit)
         _hooked = True
+    if _parallel(config) and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1  # the queue taken one test at a time, else one worker gets every slow test
+    if _parallel(config):  # the workers, started after this, inherit it (a run inside a test makes its own)
+        fd, path = tempfile.mkstemp(prefix="walflow-tests-alone-", suffix=".lock")
+        os.close(fd)
+        config.stash[_lock_made] = (path, os.environ.get(LOCK_VARIABLE))
+        os.environ[LOCK_VARIABLE] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_lock_made, None)
+    if made is not None:
+        path, before = made
+        if before is None:
+            os.environ.pop(LOCK_VARIABLE, None)
+        else:
+            os.environ[LOCK_VARIABLE] = before
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
+    if hasattr(config, "workerinput"):  # every worker sorts alike, so their collections stay the same
+        items.sort(key=_order)
+
+
+def _order(item: pytest.Item) -> int:
+    """Slow tests first, ``alone`` tests last (where the others they wait for are quick); stable within each."""
+    if item.get_closest_marker("alone") is not None:
+        return 2
+    return 0 if item.get_closest_marker("slow") is not None else 1
+
+
+@contextlib.contextmanager
+def _turn(item: pytest.Item) -> Iterator[None]:
+    """Under xdist: a shared lock for the test, or an exclusive one if it is marked ``alone``.
+
+    Byte 0 of the lock file is the turnstile (held while a lock on byte 1 is being taken), byte 1
+    the lock itself: an ``alone`` test waiting at byte 1 keeps new tests out at byte 0. POSIX
+    record locks belong to the process: each worker is one.
+    """
+    path = os.environ.get(LOCK_VARIABLE)
+    if path is None or not hasattr(item.config, "workerinput"):
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    with open(path, "r+b") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX, 1, 0)
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH, 1, 1)
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN, 1, 0)
+        try:
+            yield
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN, 1, 1)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     global _current
-    _current = item
-    try:
-        return (yield)
-    finally:
-        _current = None
+    with _turn(item):
+        _current = item
+        try:
+            return (yield)
+        finally:
+            _current = None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -138,8 +210,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _unmarked_slow.append((report.duration, report.nodeid))
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _unmarked_slow:
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """In a one-process run only: under parallel workers a test's time is the machine's contention as much as its own."""
+    if _unmarked_slow and not _parallel(config):
         terminalreporter.section(f"not marked slow, over {SLOW_SECONDS:.0f} s (mark them, or make them quick)")
         for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
             terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
