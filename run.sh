@@ -15,7 +15,8 @@ usage() {
 usage: ./run.sh COMMAND [ARGS...]
 
   setup                       create .venv/ (CPython 3.11 or 3.12) and install walflow with its test and bench extras
-  test [PYTEST ARGS...]       setup if needed, then the whole test suite (starts its own PostgreSQL and NATS)
+  test [PYTEST ARGS...]       setup if needed, then the whole test suite in 3 workers (each starts its own
+                              PostgreSQL and NATS); -m "not slow" the quick tier, -n 0 one process
   run [CONFIG] [BYTEWAX ARGS] python -m bytewax.run dataflows.cdc with WALFLOW_CONFIG=CONFIG
                               (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax
   backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]
@@ -110,7 +111,13 @@ case "$cmd" in
     test)
         setup
         ensure_postgres
-        exec "$VENV/bin/python" -m pytest "$@"
+        # Parallel workers by default, each with its own PostgreSQL and NATS (README: Tests); a -n
+        # of the caller's wins (-n 0: one process, for --pdb or -s).
+        workers=(-n "${WALFLOW_TEST_WORKERS:-3}")
+        for arg in "$@"; do
+            case "$arg" in -n | -n?* | --numprocesses | --numprocesses=* | *no:xdist) workers=() ;; esac
+        done
+        exec "$VENV/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"
         ;;
     run)
         setup

@@ -1,7 +1,8 @@
 """Fixtures: one real PostgreSQL and one real NATS per session, and per-test names on them.
 
 ``WALFLOW_TEST_PG_DSN`` / ``WALFLOW_TEST_NATS_URL`` point the suite at external servers
-instead; tests that stop or restart a server are then skipped.
+instead; tests that stop or restart a server are then skipped. Under pytest-xdist each
+worker has servers of its own, so a test that stops one disturbs only its own worker.
 """
 
 from __future__ import annotations
@@ -11,12 +12,22 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from embedded import NatsServer, PostgresServer, ServerError
 from embedded._process import EmbeddedServer
 from tests.harness import Database, ExternalNats, ExternalPostgres, Nats, Postgres, TestNames, delete_stream
 
 T = TypeVar("T")
+
+#: tests/tiers.py keeps the markers true (``servers`` from these fixtures, a subprocess checked against
+#: both); pytester runs the check itself on tests of its own (tests/test_tiers.py).
+pytest_plugins = ["tests.tiers", "pytester"]
+
+# Hypothesis's clocks (a 200 ms deadline per example, the too-slow check on generating them) time the
+# machine, not the code: on 2 cores shared by parallel workers they fail tests that are right.
+settings.register_profile("walflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("walflow")
 
 
 def _session_server(variable: str, external: Callable[[str], T], embedded: Callable[[], EmbeddedServer]) -> Iterator[T]:

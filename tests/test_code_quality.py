@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["bench", "cli", "config", "core", "connectors", "dataflows", "demo", "embedded", "transforms", "tests"]
 
@@ -19,6 +21,7 @@ def test_ruff_finds_nothing() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict_finds_nothing() -> None:
     result = _run("mypy", *PACKAGES)
     assert result.returncode == 0, result.stdout + result.stderr

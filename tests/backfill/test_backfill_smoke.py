@@ -2,9 +2,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
 from tests.pipeline import assert_running, pipeline, stored, write_config
+
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
 
 
 def test_initial_backfill_smoke(database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str,

@@ -81,6 +81,7 @@ def _rows(database: Database, query: str, *params: Any) -> list[tuple[Any, ...]]
 # -- 1. partial -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_partial_backfill_reads_exactly_the_rows_from_the_start_position_on(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -126,6 +127,7 @@ def test_partial_backfill_reads_exactly_the_rows_from_the_start_position_on(
 # -- 2. composite key -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_composite_key_table_in_many_chunks_reads_every_row_once(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -151,6 +153,7 @@ def test_composite_key_table_in_many_chunks_reads_every_row_once(
 # -- 3. on demand ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_walflow_backfill_on_a_running_pipeline(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -189,6 +192,7 @@ def test_walflow_backfill_on_a_running_pipeline(
         assert e.msg_id == e.event["metadata"]["idempotency_key"]
 
 
+@pytest.mark.slow
 def test_walflow_backfill_before_the_pipeline_starts_is_run_by_the_next_one(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -219,6 +223,7 @@ def test_walflow_backfill_before_the_pipeline_starts_is_run_by_the_next_one(
 # -- 4. the same table asked for twice ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_request_while_the_first_runs_is_a_backfill_of_its_own(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -249,6 +254,7 @@ def test_a_second_request_while_the_first_runs_is_a_backfill_of_its_own(
 # -- 5. a table dropped during its backfill -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_table_dropped_mid_backfill_stops_only_its_backfill(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -300,6 +306,7 @@ def test_walflow_backfill_refuses_a_table_without_a_primary_key(
     assert "primary key" in done.stderr
 
 
+@pytest.mark.slow
 def test_initial_backfill_of_all_tables_skips_those_without_a_primary_key_with_a_warning(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -351,6 +358,7 @@ def test_walflow_backfill_refuses_a_start_position_the_column_cannot_hold(
     assert _requests_in_slot(database) == 0
 
 
+@pytest.mark.slow
 def test_a_backfill_that_cannot_work_ends_and_does_not_block_a_corrected_one(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -447,6 +455,7 @@ def test_walflow_backfill_says_in_one_line_that_the_database_is_unreachable(
 # -- initial_backfill lists that cannot work ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_initial_backfill_of_a_table_not_in_the_publication_stops_with_one_line(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -457,6 +466,7 @@ def test_initial_backfill_of_a_table_not_in_the_publication_stops_with_one_line(
     assert line.startswith(f"walflow: table public.b is not in publication {names.publication}"), line
 
 
+@pytest.mark.slow
 def test_initial_backfill_of_a_table_the_sink_does_not_read_is_refused(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -487,6 +497,7 @@ def _hundred_rows(database: Database, names: TestNames, nats_srv: Nats, tmp_path
     return write_config(tmp_path, database, nats_srv, names, [sink(names, initial_backfill=True)])
 
 
+@pytest.mark.slow
 def test_initial_backfill_is_not_repeated_on_the_next_start(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -508,6 +519,7 @@ def test_initial_backfill_is_not_repeated_on_the_next_start(
     assert [(e.event["action"], e.event["record"]["id"]) for e in events[100:]] == [("insert", 101)]
 
 
+@pytest.mark.slow
 def test_a_restart_right_after_a_backfill_keeps_every_row_read_once(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -533,6 +545,7 @@ def test_a_restart_right_after_a_backfill_keeps_every_row_read_once(
 # -- 9. reads never overwrite newer changes -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_last_message_of_every_row_is_its_current_state(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

@@ -98,6 +98,7 @@ def test_a_stopped_pipeline_is_down(
     assert out.data["databases"][0]["slot"]["lag_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_status_and_check_change_nothing(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -128,6 +129,7 @@ def _hung_recvlogical(database: Database, names: TestNames) -> Iterator[int]:
         yield pid
 
 
+@pytest.mark.slow
 def test_a_slot_held_by_a_hung_pg_recvlogical(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

@@ -196,6 +196,7 @@ def _cpu_while_the_sink_blocks(paced: bool) -> tuple[float, _Source, dict[str, i
     return time.process_time() - start, source, threads
 
 
+@pytest.mark.alone
 def test_a_paced_source_does_not_spin_while_a_sink_snapshot_blocks() -> None:
     cpu, source, threads = _cpu_while_the_sink_blocks(paced=True)
     assert threads["sink"] != threads["source"]  # the wait is on another worker: the source's is free
@@ -205,6 +206,7 @@ def test_a_paced_source_does_not_spin_while_a_sink_snapshot_blocks() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_control_an_unpaced_source_spins_through_the_wait() -> None:
     cpu_unpaced, _, threads = _cpu_while_the_sink_blocks(paced=False)
     assert threads["sink"] != threads["source"]

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import nats
+import pytest
 
 from embedded import wait_for
 from tests.harness import Database, Nats, TestNames
@@ -14,6 +15,8 @@ from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import assert_running, pipeline, stored
 from tests.workload import setup_events
+
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
 
 
 def test_a_stream_deleted_while_running_is_created_again(

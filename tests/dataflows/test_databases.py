@@ -108,6 +108,7 @@ def test_walflow_database_narrows_the_flow_to_one_database(
     assert len(events) == 2 * ROWS and {e.event["metadata"]["database_name"] for e in events} == {"crm"}
 
 
+@pytest.mark.slow
 def test_two_databases_of_one_flow_with_one_slot_name_are_refused_with_the_fix(
     tmp_path: Path, database: Database, crm: Database, nats_srv: Nats, names: TestNames
 ) -> None:

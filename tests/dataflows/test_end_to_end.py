@@ -16,6 +16,8 @@ from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import assert_running, pipeline, run_workload, stored, write_config
 
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
+
 
 @pytest.fixture
 def shop(database: Database) -> Database:

@@ -41,10 +41,12 @@ def _epoch(*args: str, **env: str) -> float:
     return _probe(*args, **env)[0]
 
 
+@pytest.mark.slow
 def test_no_flag_gets_walflows_epoch() -> None:
     assert _epoch() == 1.0
 
 
+@pytest.mark.slow
 def test_a_flag_or_the_variable_wins(tmp_path: Path) -> None:
     assert _epoch("-s", "3") == 3.0
     assert _epoch(BYTEWAX_SNAPSHOT_INTERVAL="4") == 4.0
@@ -54,6 +56,7 @@ def test_a_flag_or_the_variable_wins(tmp_path: Path) -> None:
     assert _epoch("-r", str(recovery), "-s", "2", "-b", "0") == 2.0
 
 
+@pytest.mark.slow
 def test_the_flow_sees_the_cluster_it_runs_in() -> None:
     assert _probe()[1] == (0, 1, 1)
     assert _probe("-w", "2")[1] == (0, 1, 2)

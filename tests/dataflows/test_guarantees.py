@@ -105,6 +105,7 @@ def test_idle_publication_on_a_busy_server_keeps_the_slot_close(
     assert max(lags) < 4 * 1024 * 1024, f"slot lag reached {max(lags)} bytes (of ~{written_mb:.0f} MB WAL)"
 
 
+@pytest.mark.slow
 def test_a_replay_after_the_duplicate_window_publishes_nothing_twice(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

@@ -17,6 +17,8 @@ from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import assert_running, pipeline, write_config
 
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
+
 
 def _ready(port: int) -> tuple[int, dict[str, Any]]:
     try:

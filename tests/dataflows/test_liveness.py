@@ -106,6 +106,7 @@ def small_wal_server() -> Iterator[PostgresServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_an_invalidated_slot_is_one_clear_error(
     small_wal_server: PostgresServer, nats_srv: Nats, names: TestNames, tmp_path: Path
 ) -> None:

@@ -131,6 +131,7 @@ def test_records_held_by_a_failed_load_come_out_as_text(capsys: pytest.CaptureFi
     assert err.startswith("ts=") and 'msg="account is ignored: walflow has no accounts"' in err
 
 
+@pytest.mark.slow
 def test_a_json_pipeline_writes_only_json_lines_and_nothing_per_change(
     database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

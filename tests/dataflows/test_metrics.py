@@ -36,6 +36,7 @@ def tables(database: Database) -> Database:
     return database
 
 
+@pytest.mark.slow
 def test_counters_read_exactly_the_workload_and_the_slot_gauges_follow_the_slot(
     tables: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:
@@ -116,6 +117,7 @@ def test_counters_read_exactly_the_workload_and_the_slot_gauges_follow_the_slot(
     assert set(reconnects) == {("postgres", "server_error")}, reconnects  # 57P01, terminated by an administrator
 
 
+@pytest.mark.slow
 def test_a_backfill_counts_its_rows_and_chunks(
     tables: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
 ) -> None:

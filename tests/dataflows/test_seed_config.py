@@ -27,6 +27,9 @@ from connectors.postgres.protocol import str_to_lsn
 from embedded import NatsServer, PostgresServer, wait_for
 from tests.pipeline import ROOT, Stored, assert_running, pipeline
 
+# it runs the pipeline (python -m bytewax.run) on a PostgreSQL and a NATS of its own (TLS, credentials)
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
+
 SEED = ROOT / "config" / "examples" / "sequin-seed.yaml"
 NATS_USER, NATS_PASSWORD = "nats", "nats-password"
 SLOT = "sequin_slot"

@@ -34,6 +34,8 @@ from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import Stored, assert_running, pipeline, stored, write_config
 
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
+
 TYPED = """
     id int PRIMARY KEY,
     c_bool boolean, c_int2 smallint, c_int8 bigint, c_float4 real, c_float8 double precision, c_nan float8,

@@ -35,6 +35,8 @@ from tests.pipeline import (
     write_config,
 )
 
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
+
 SECRET = "a-secret-for-the-tests"
 #: Values that must never reach the stream in clear.
 CLEAR = [b"ada.private@example.com", b"999-88-7777", b"4111111111114242", b"TOPSECRET-NOTE", b"grace.h@example.com"]

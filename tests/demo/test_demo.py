@@ -28,6 +28,7 @@ def _processes() -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_demo_shows_changes_flowing_and_cleans_up() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "demo", "--seconds", "9"], cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -95,6 +95,7 @@ def test_nats_restart_keeps_stream(nats_srv: Nats, names: TestNames, stream_clea
     assert asyncio.run(count()) == 1
 
 
+@pytest.mark.servers
 def test_close_leaves_no_process_or_directory() -> None:
     pg, nc = PostgresServer().start(), NatsServer().start()
     assert pg.pid is not None and nc.pid is not None and pg.base is not None and nc.base is not None
@@ -126,6 +127,7 @@ def _start_holder() -> tuple[subprocess.Popen[str], list[int], list[Path]]:
     return proc, info["pids"], [Path(d) for d in info["dirs"]]
 
 
+@pytest.mark.servers
 def test_ctrl_c_stops_servers_and_removes_directories() -> None:
     proc, pids, dirs = _start_holder()
     proc.send_signal(signal.SIGINT)
@@ -134,6 +136,7 @@ def test_ctrl_c_stops_servers_and_removes_directories() -> None:
     assert [d for d in dirs if d.exists()] == []
 
 
+@pytest.mark.servers
 def test_killed_parent_takes_servers_with_it() -> None:
     """kill -9 of the test process: the kernel kills the servers; the next run sweeps the dirs."""
     proc, pids, dirs = _start_holder()

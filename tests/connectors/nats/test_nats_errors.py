@@ -36,6 +36,7 @@ def auth_nats() -> Iterator[NatsServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_a_wrong_nats_password_stops_with_one_line(
     tmp_path: Path, database: Database, auth_nats: NatsServer, names: TestNames
 ) -> None:
@@ -60,6 +61,7 @@ def test_a_user_without_permission_on_the_jetstream_api_stops_with_one_line(
     assert "grant user 'nojs' publish permission on $JS.API.>" in line
 
 
+@pytest.mark.slow
 def test_a_stream_with_other_subjects_stops_with_one_line(
     tmp_path: Path, database: Database, nats_srv: Nats, names: TestNames, stream_cleanup: str
 ) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import nats
+import pytest
 from nats.js.errors import NotFoundError
 
 from embedded import wait_for
@@ -21,6 +22,8 @@ from tests.harness import Database, Nats, TestNames, delete_stream
 from tests.harness import slot_active as _slot_active
 from tests.harness import slot_confirmed as _confirmed
 from tests.pipeline import Stored, assert_running, pipeline, stored, write_config
+
+pytestmark = pytest.mark.slow  # every test here runs the pipeline (python -m bytewax.run)
 
 
 def _sequin_stream(url: str, name: str, prefix: str) -> None:

@@ -104,6 +104,7 @@ def replica_level_server() -> Iterator[PostgresServer]:
         yield server
 
 
+@pytest.mark.servers
 def test_wrong_wal_level_is_a_clear_error(replica_level_server: PostgresServer, names: TestNames) -> None:
     db = DatabaseConfig.model_validate(
         {
