@@ -231,7 +231,7 @@ class Decoder:
             else:
                 self._other(bytes(data), tag)
             return False
-        except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        except (struct.error, IndexError, UnicodeDecodeError, OverflowError) as exc:  # Overflow: a timestamp no datetime holds
             raise DecodeError(f"malformed message {_show(data)}: {exc}") from None
 
     def _keepalive(self, data: memoryview | bytes) -> bool:
