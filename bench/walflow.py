@@ -170,6 +170,7 @@ def write_config(
                     "host": t.nats_host,
                     "port": t.nats_port,
                     "subject_prefix": t.subject_prefix,
+                    "confirm_delay_ms": 0,
                     "stream": {"name": t.stream, "create_if_not_exists": True},
                 },
                 **(copy.deepcopy(shaping.sink) if shaping is not None else {}),

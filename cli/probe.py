@@ -8,7 +8,8 @@ They differ in what they make of it: ``check`` asks whether the pipeline *can* r
 
 Nothing here changes anything. Postgres gets ``SELECT`` and ``SHOW`` only. The NATS
 connection is a :class:`ProbeClient`, which sends JetStream's lookups (``INFO``,
-``STREAM.INFO``, ``STREAM.NAMES``) and publishes that carry a ``Nats-Expected-Stream`` no
+``STREAM.INFO``, ``STREAM.NAMES``), reads of one stored message (``STREAM.MSG.GET``,
+``DIRECT.GET``: walflow's own records in its key-value bucket) and publishes that carry a ``Nats-Expected-Stream`` no
 stream can be named (JetStream refuses those before storing anything), and raises
 :class:`WouldChange` instead of sending any other message. That is what lets
 :func:`stream_plan` run the pipeline's own stream rules (``connectors.nats.stream.ensure_stream``)
@@ -359,7 +360,7 @@ STREAM_MISMATCH: Final = 10060
 #: How long a probe waits for an answer (the pipeline's own requests wait as long).
 TIMEOUT: Final = 5.0
 _LOOKUPS: Final = ("$JS.API.INFO", "$JS.API.STREAM.NAMES")
-_LOOKUP_PREFIX: Final = "$JS.API.STREAM.INFO."
+_LOOKUP_PREFIXES: Final = ("$JS.API.STREAM.INFO.", "$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET.")
 
 
 class WouldChange(Exception):
@@ -376,7 +377,7 @@ class Refused(Exception):
 
 
 def _harmless(subject: str, headers: Mapping[str, Any] | None) -> bool:
-    if subject in _LOOKUPS or subject.startswith(_LOOKUP_PREFIX):
+    if subject in _LOOKUPS or subject.startswith(_LOOKUP_PREFIXES):
         return True
     return not subject.startswith("$JS.") and (headers or {}).get("Nats-Expected-Stream") == NO_STREAM
 

@@ -67,6 +67,8 @@ from cli.probe import (
 )
 from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
+from connectors.nats.regression import Regression
+from connectors.nats.state import recorded_regression
 from connectors.postgres.backfill_progress import progress_text
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT
@@ -205,7 +207,7 @@ def _close(seen: _Database) -> None:
 # -- sinks -------------------------------------------------------------------------------------
 
 
-async def _probe_sink(sink: SinkConfig) -> tuple[list[Finding], dict[str, Any]]:
+async def _probe_sink(sink: SinkConfig, slot: str | None) -> tuple[list[Finding], dict[str, Any]]:
     about = f"sink {sink.name}"
     dest = sink.destination
     details: dict[str, Any] = {"name": sink.name, "database": sink.database, "enabled": sink.enabled,
@@ -219,7 +221,7 @@ async def _probe_sink(sink: SinkConfig) -> tuple[list[Finding], dict[str, Any]]:
         return [Finding(about, Level.FAIL, exc.text, exc.fix)], details
     details["nats_reachable"] = True
     try:
-        return await _sink_stream(nc, sink, details), details
+        return await _sink_stream(nc, sink, details) + await _regression(nc, sink, slot, details), details
     except ProbeError as exc:
         return [Finding(about, Level.FAIL, exc.text, exc.fix)], details
     except Refused:
@@ -252,8 +254,31 @@ async def _sink_stream(nc: ProbeClient, sink: SinkConfig, details: dict[str, Any
                     f"{info['last_sequence']:,}, duplicate window {duration(info['duplicate_window_s'])}")]
 
 
-async def _probe_sinks(sinks: list[SinkConfig]) -> list[tuple[list[Finding], dict[str, Any]]]:
-    return [await _probe_sink(sink) for sink in sinks]
+async def _regression(nc: ProbeClient, sink: SinkConfig, slot: str | None,
+                      details: dict[str, Any]) -> list[Finding]:
+    """The latest time the sink's stream was found holding less than it acknowledged."""
+    record = None if slot is None else await recorded_regression(nc, sink.database, slot, sink.name)
+    details["regression"] = record
+    if record is None:
+        return []
+    try:
+        found = Regression.from_json(record)
+    except (KeyError, TypeError):
+        return []
+    when = datetime.fromtimestamp(found.at, UTC).isoformat(timespec="seconds")
+    if found.repairable:
+        return [Finding(f"sink {sink.name}", Level.INFO,
+                        f"stream {found.stream} lost up to {found.missing:,} acknowledged message(s) at {when}; all "
+                        "within confirm_delay_ms, published again from the slot")]
+    return [Finding(f"sink {sink.name}", Level.WARN,
+                    f"stream {found.stream} lost up to {found.missing:,} acknowledged message(s) at {when}, some "
+                    "acknowledged longer ago than confirm_delay_ms: changes may be missing from it",
+                    "backfill the tables the sink reads; raise destination.confirm_delay_ms to at least the servers' "
+                    "sync_interval")]
+
+
+async def _probe_sinks(sinks: list[SinkConfig], slots: dict[str, str]) -> list[tuple[list[Finding], dict[str, Any]]]:
+    return [await _probe_sink(sink, slots.get(sink.database)) for sink in sinks]
 
 
 # -- the judgement -------------------------------------------------------------------------------
@@ -409,7 +434,7 @@ def collect(config_file: str, sample_s: float) -> Status:
         return status
     started = time.monotonic()
     databases = [_probe_database(db) for db in config.databases]
-    sinks = asyncio.run(_probe_sinks(config.sinks))
+    sinks = asyncio.run(_probe_sinks(config.sinks, {db.name: db.slot.name for db in config.databases}))
     settings = config.walflow.health
     health = read_health(settings) if settings.enabled else None
     if sample_s > 0 and any(seen.conn is not None for seen in databases):

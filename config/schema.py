@@ -376,6 +376,13 @@ class NatsDestination(Section):
     max_in_flight: int = Field(default=1024, ge=1)
     #: A message without an acknowledgement after this is re-sent (JetStream dedupes it).
     ack_timeout_ms: Milliseconds = 10_000
+    #: The slot's confirmed position trails JetStream's acknowledgements by at least this
+    #: long, so Postgres still holds every change a server may lose after acknowledging it:
+    #: JetStream syncs its store to disk every ``sync_interval`` (2 minutes by default), and a
+    #: stream that comes back without some of them is repaired from the slot (README,
+    #: "Guarantees"). 0 for servers with ``sync_interval: always``. It keeps positions only,
+    #: never messages: the cost is WAL the slot holds and what a restart reads again.
+    confirm_delay_ms: int = Field(default=150_000, ge=0)
 
     @model_validator(mode="after")
     def _connection(self) -> NatsDestination:

@@ -17,7 +17,7 @@ classes); code above it looks at the class only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -203,6 +203,20 @@ class NoStreamError(PublishFailed):
 
     def __init__(self, subject: str) -> None:
         super().__init__(f"no stream captures subject {subject}", "503")
+
+
+class RestartRequired(WalflowError):
+    """Only a fresh start recovers: replication again from the slot's confirmed position.
+    Neither fatal nor retried in place: the process starts itself again
+    (:meth:`core.runtime.Runtime.restart`), carrying ``record`` (plain data) to the new one."""
+
+    def __init__(self, message: str, record: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class StreamRegressed(RestartRequired):
+    """A JetStream stream lost messages it had acknowledged (``connectors/nats/regression.py``)."""
 
 
 class PermanentPublishError(FatalError):

@@ -294,6 +294,13 @@ class Metrics:
             "without a valid signature while walflow.backfill.secret is set), refused (a backfill request the "
             "config does not allow), too_many (a sink's pending backfills at walflow.backfill.max_pending).",
             ["prefix", "reason"], registry=r)
+        self.stream_regressions = Counter(
+            "walflow_stream_regressions_total",
+            "Times a sink's JetStream stream was found holding less than it had acknowledged (lost on a server "
+            "crash or a restored store), each followed by a restart from the slot: outcome republished (all of it "
+            "was within destination.confirm_delay_ms: published again) or lost (some of it may be past the slot). "
+            "Counted by the process that restarted, for every regression since the operator started it.",
+            ["sink", "stream", "outcome"], registry=r)
         self.reconnects = Counter(
             "walflow_reconnects_total",
             "Connections lost or refused that walflow retries. postgres: each replication session that ended in a "

@@ -13,12 +13,16 @@ It replaces process-global state. It holds:
   status 2 at once: raised inside a Bytewax callback, the error would come out as a Rust
   panic and a traceback (and, in a cluster, only as ``Send thread panic``). Stopping
   abruptly loses nothing: nothing past the problem was confirmed, so a restart after the
-  fix resumes before it. Elsewhere (tests, embedding) the error is raised.
+  fix resumes before it. Elsewhere (tests, embedding) the error is raised;
+- what a :class:`~core.errors.RestartRequired` does: the process starts itself again with the
+  same command (``execv``), so replication resumes from the slot's confirmed position, and
+  hands the new process what it carries (:data:`RESTARTED`, read back as :attr:`Runtime.restarted`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -27,7 +31,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
-from core.errors import FatalError, InternalError
+from core.errors import FatalError, InternalError, RestartRequired
 from core.metrics import Metrics
 
 log = logging.getLogger("walflow")
@@ -37,6 +41,9 @@ P = ParamSpec("P")
 
 #: Exit status of a fatal error: distinct from a crash's 1.
 FATAL_EXIT = 2
+#: The environment variable a process that started itself again finds what it carried in:
+#: ``{"reason": ..., "records": [...]}``, every record carried since the first start.
+RESTARTED = "WALFLOW_RESTARTED"
 
 
 class Reporter(Protocol):
@@ -48,8 +55,15 @@ class Reporter(Protocol):
 class Runtime:
     """What the parts of one walflow process share."""
 
-    def __init__(self, *, exit_on_fatal: bool = False) -> None:
+    def __init__(self, *, exit_on_fatal: bool = False, restarted: dict[str, Any] | None = None) -> None:
+        """``restarted``: what the process that started this one again carried
+        (:meth:`restart`); None on an operator's start."""
         self.exit_on_fatal = exit_on_fatal
+        #: What the previous process carried when it started this one again: then nothing a
+        #: recovery snapshot holds is resumed from (the slot's confirmed position is where the
+        #: repair starts). None on an operator's start.
+        self.restarted = restarted
+        self._restarting = False
         self._lock = threading.Lock()
         self._reporters: list[Reporter] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,6 +109,21 @@ class Runtime:
         logging.shutdown()
         os._exit(FATAL_EXIT)
 
+    def restart(self, exc: RestartRequired) -> NoReturn:
+        """Start this process again with the same command, carrying ``exc.record``: the
+        error's line is logged once; in tests (not ``exit_on_fatal``) it is raised instead."""
+        if not self.exit_on_fatal:
+            raise exc
+        with self._lock:
+            if self._restarting:  # another part met it at the same moment: one restart
+                threading.Event().wait()
+            self._restarting = True
+        log.error("%s", exc)
+        records = [*(self.restarted or {}).get("records", []), exc.record]
+        env = {**os.environ, RESTARTED: json.dumps({"reason": type(exc).__name__, "records": records})}
+        logging.shutdown()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
     @contextmanager
     def guard(self, label: str) -> Iterator[None]:
         """Around every call Bytewax makes into walflow: a fatal error stops the process
@@ -105,6 +134,8 @@ class Runtime:
         In tests (not ``exit_on_fatal``) the exception itself is raised."""
         try:
             yield
+        except RestartRequired as exc:
+            self.restart(exc)
         except FatalError as exc:
             self.fatal(exc)
         except Exception as exc:

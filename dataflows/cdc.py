@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import logging
 import os
 import re
@@ -28,13 +29,14 @@ from bytewax.dataflow import Dataflow
 
 from config import Config, ConfigError, config_path, load_config
 from config.schema import DatabaseConfig, SinkConfig
+from connectors.nats.regression import Regression
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.state import SinkMemory
 from connectors.nats.target import SinkTarget
 from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
 from core.errors import FatalError
-from core.runtime import FATAL_EXIT, Runtime
+from core.runtime import FATAL_EXIT, RESTARTED, Runtime
 from dataflows.engine import apply_default_epoch, publishes_here, slots_here, this_cluster
 from dataflows.health import serve as serve_health
 from dataflows.initial_backfill import InitialBackfills
@@ -111,8 +113,10 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
             publishers[sink.name] = (sink, JetStreamSink(target, render, publishes=publishing))
         memories = {name: SinkMemory(target.connection, runtime, db.name, db.slot.name, name)
                     for name, target in targets.items()}
+        _repairing(runtime, memories)
         slots.append(Slot(db, tuple(sinks), InitialBackfills(db, sinks, memories, config.walflow.backfill),
-                          max(target.horizon for target in targets.values())))
+                          max(target.horizon for target in targets.values()),
+                          confirm_delay=max(sink.destination.confirm_delay_ms for sink in sinks) / 1000))
     flow = Dataflow("walflow")
     source = PostgresSource(slots, config.walflow.replication, runtime, backfill=config.walflow.backfill,
                             epoch_budget_mb=config.walflow.max_memory_mb,
@@ -124,6 +128,23 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
                                    runtime.guarded(f"sink {name}: dispatching", Dispatch(sink, runtime.metrics).route))
         op.output(f"{step}_publish", routed, publish)
     return flow
+
+
+def _repairing(runtime: Runtime, memories: dict[str, SinkMemory]) -> None:
+    """Started again to repair a stream (``connectors/nats/regression.py``): count every
+    regression carried since the operator's start, say where this start resumes, and record
+    the latest in the sink's memory for ``walflow status``."""
+    records = (runtime.restarted or {}).get("records", [])
+    for data in records:
+        regression = Regression.from_json(data)
+        if regression.sink in memories:
+            runtime.metrics.stream_regressions.labels(
+                regression.sink, regression.stream, "republished" if regression.repairable else "lost").inc()
+    if records and (latest := Regression.from_json(records[-1])).sink in memories:
+        log_flow.warning("started again after stream '%s' lost acknowledged messages: replication resumes from the "
+                         "slot's confirmed position, and what the stream no longer holds is published again",
+                         latest.stream)
+        memories[latest.sink].record_regression(records[-1])
 
 
 def tune_gc() -> None:
@@ -143,7 +164,8 @@ def tune_gc() -> None:
 
 def _load() -> Dataflow:
     """The flow ``python -m bytewax.run`` runs: a fatal error stops the process with one line, exit 2."""
-    runtime = Runtime(exit_on_fatal=True)
+    carried = os.environ.pop(RESTARTED, None)  # this process was started again by the last (core/runtime.py)
+    runtime = Runtime(exit_on_fatal=True, restarted=json.loads(carried) if carried else None)
     try:
         with held_until_configured():  # the config's own warnings come out in its log_format
             config = load_config(config_path())

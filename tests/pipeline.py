@@ -60,8 +60,9 @@ def write_config(
 
     The test's database is the one database, named ``shop``, with the test's slot and
     publication (both created if missing). Every entry of ``sinks`` reads from ``shop`` and
-    publishes to ``nats_srv``; its own keys, and its ``destination`` keys, are merged over
-    those. ``functions`` go under ``functions:`` (Sequin's). ``walflow`` keys go under
+    publishes to ``nats_srv``, confirming the slot as soon as JetStream acknowledges
+    (``confirm_delay_ms: 0``: tests wait for the slot); its own keys, and its ``destination``
+    keys, are merged over those. ``functions`` go under ``functions:`` (Sequin's). ``walflow`` keys go under
     ``walflow:``, over ``log_level: info`` and the health endpoint switched off.
     """
     params = conninfo_to_dict(db.dsn)
@@ -82,7 +83,8 @@ def write_config(
             {
                 "database": "shop",
                 **sink,
-                "destination": {"type": "nats", "host": host, "port": int(port), **sink.get("destination", {})},
+                "destination": {"type": "nats", "host": host, "port": int(port), "confirm_delay_ms": 0,
+                                **sink.get("destination", {})},
             }
             for sink in sinks
         ],

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from connectors.nats.natspy import WalflowClient
+from connectors.nats.regression import LOOK_EVERY, Acked, AckTimes, Regression
 from core.errors import (
     JETSTREAM_PUBLISH,
     NoStreamError,
@@ -45,6 +46,7 @@ from core.errors import (
     PublishError,
     PublishFailed,
     PublishRefused,
+    StreamRegressed,
     StreamSetupError,
     by_code,
 )
@@ -59,6 +61,9 @@ _ERROR = re.compile(rb'"error"\s*:')
 #: Once the window is full, wait until this share of it is acknowledged before sending
 #: more: a wake-up per ack would send one message per socket write.
 _REFILL = 4
+#: Seconds between two looks at the connection while an ack is awaited: acks of messages sent
+#: on a connection that was lost never come, and need not be waited out to ``ack_timeout``.
+_LOST_CHECK = 0.25
 
 
 @dataclass(slots=True)
@@ -110,10 +115,13 @@ class AckPublisher:
         on_no_stream: Callable[[], Awaitable[None]] | None = None,
         stored_since: Callable[[int], Awaitable[set[str]]] | None = None,
         duplicate_window: float = 120.0,
+        look: Callable[[Acked, AckTimes], Awaitable[Regression | None]] | None = None,
         sink: str = "",
         metrics: Metrics | None = None,
     ) -> None:
-        """``sink``: the sink's name, as metrics label it; ``metrics``: the process's (else its own)."""
+        """``look``: whether the stream still holds what it acknowledged (``regression.py``;
+        None: never looked at); ``sink``: the sink's name, as metrics label it; ``metrics``:
+        the process's (else its own)."""
         self._nc = nc
         self._on_no_stream = on_no_stream  # the stream vanished (deleted while running): set it up again
         # Re-sending a message first sent longer ago than the duplicate window: JetStream
@@ -134,7 +142,12 @@ class AckPublisher:
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
         self._failed = False  # JetStream refused a message in the window: settle before sending more
         self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
+        self._sent_on = self._generation  # the connection the latest messages were written to
         self.last_seq = 0  # the highest stream sequence acknowledged to this partition
+        self.last_id = ""  # the id of the message stored there
+        self._look = look
+        self._ack_times = AckTimes()
+        self._looked: tuple[int, float] | None = None  # the connection and the time of the last look
         metrics = metrics or Metrics()
         self._sink = sink
         self._metrics = metrics
@@ -164,6 +177,8 @@ class AckPublisher:
         if self._skip:
             messages = [message for message in messages if message.msg_id not in self._skip]
         now, sent = time.monotonic(), 0
+        if self._looked is None or self._looked[0] != self._nc.stats["reconnects"]:
+            await self._look_again()  # a stream a new connection finds may have gone back
         while sent < len(messages):
             if self._inflight and (
                 self._failed or not self._nc.is_connected or self._nc.stats["reconnects"] != self._generation
@@ -182,11 +197,38 @@ class AckPublisher:
                 await self.settle()
 
     async def settle(self) -> None:
-        """Wait until every message sent so far is stored, re-sending failures in order."""
+        """Wait until every message sent so far is stored, re-sending failures in order; and
+        every :data:`~connectors.nats.regression.LOOK_EVERY` seconds, look whether the stream
+        still holds what it acknowledged."""
         try:
             await self._settle()
         finally:
             self._flush_metrics()
+        if self._looked is None or time.monotonic() - self._looked[1] >= LOOK_EVERY:
+            await self._look_again()
+
+    async def _look_again(self) -> None:
+        """Raise :class:`~core.errors.StreamRegressed` if the stream lost a message it acknowledged
+        to this partition. Until the stream answers (it has no leader yet, NATS went away again)
+        nothing is sent: a row's newer changes must not be stored before what it lost."""
+        generation = self._nc.stats["reconnects"]
+        if self._look is None or not self.last_seq:
+            self._looked = (generation, time.monotonic())
+            return
+        delay = 0.1
+        while True:
+            try:
+                found = await self._look(Acked(self.last_seq, self.last_id), self._ack_times)
+                break
+            except StreamSetupError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - no answer yet: look again
+                log.debug("%s: could not look at the stream (%s); looking again", self._label, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._looked = (generation, time.monotonic())
+        if found is not None:
+            raise StreamRegressed(found.line(), found.as_json())
 
     def _flush_metrics(self) -> None:
         """Add the acknowledgements counted since the last flush to the process's metrics."""
@@ -203,6 +245,7 @@ class AckPublisher:
             for entry in batch:
                 if not entry.done and not await self._until_done(entry, deadline - time.monotonic()):
                     break  # the rest waited as long: whatever is not acked now has failed
+            lost = self._connection_lost()
             failed: list[_InFlight] = []
             no_stream = False
             reason = ""
@@ -210,11 +253,14 @@ class AckPublisher:
             for entry in batch:
                 error = entry.error
                 if entry.seq:
-                    self.last_seq = max(self.last_seq, entry.seq)
+                    self._stored(entry)
                     continue
                 if error is not None and error.code is not None:
                     self._metrics.publish_failures.labels(self._sink, error.code).inc()
-                if error is None:
+                if error is None and lost:
+                    reason = "the connection they went out on was lost before their acknowledgement"
+                    retries["disconnected"] += 1
+                elif error is None:
                     reason = f"no acknowledgement within {self._ack_timeout:.0f}s"
                     retries["ack_timeout"] += 1
                 elif not error.retryable:
@@ -249,6 +295,8 @@ class AckPublisher:
                     raise
                 except Exception as exc:  # noqa: BLE001 - NATS went away again: the next round retries
                     log.warning("%s: could not check the stream (%s); retrying", self._label, exc)
+            if self._looked is None or self._looked[0] != self._nc.stats["reconnects"]:
+                await self._look_again()  # before a re-send: the stream may have gone back meanwhile
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
             await self._send([replace(old, seq=0, error=None) for old in failed])
@@ -260,27 +308,44 @@ class AckPublisher:
             await self.settle()
             return
         inflight = self._inflight
+        last = None
         while inflight and inflight[0].seq:
-            self.last_seq = max(self.last_seq, inflight.popleft().seq)
+            last = inflight.popleft()
+        if last is not None:
+            self._stored(last)
         self._flush_metrics()
         if inflight and (inflight[0].error is not None or len(inflight) >= self._window):  # deal with a failure first
             await self.settle()
 
+    def _stored(self, entry: _InFlight) -> None:
+        """``entry`` was acknowledged (acks come in the order of their sequences here)."""
+        if entry.seq > self.last_seq:
+            self.last_seq, self.last_id = entry.seq, entry.message.msg_id
+            self._ack_times.acked(entry.seq, self.last_id, time.monotonic())
+
+    def _connection_lost(self) -> bool:
+        """The connection the latest messages went out on is gone: their acks will not come."""
+        return not self._nc.is_connected or self._nc.stats["reconnects"] != self._sent_on
+
     async def _until_done(self, entry: _InFlight, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``entry``'s ack (or error); False if none came."""
+        """Wait up to ``timeout`` seconds for ``entry``'s ack (or error); False if none came,
+        or once the connection it went out on is lost (a restarted server forgot it)."""
         if entry.done:
             return True
-        if timeout <= 0:
-            return False
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wake = (entry, wake)
+        deadline = time.monotonic() + timeout
         try:
-            await asyncio.wait_for(wake, timeout)
-        except TimeoutError:
+            while (left := deadline - time.monotonic()) > 0 and not self._connection_lost():
+                try:
+                    await asyncio.wait_for(asyncio.shield(wake), min(left, _LOST_CHECK))
+                    return True
+                except TimeoutError:
+                    if entry.done:
+                        return True
             return entry.done
         finally:
             self._wake = None
-        return True
 
     async def _send(self, entries: list[_InFlight]) -> bool:
         """Put ``entries`` in the window and write them to the socket as one block of commands.
@@ -296,6 +361,7 @@ class AckPublisher:
                 entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
                                else PublishFailed("NATS is disconnected"))
             return not entries
+        self._sent_on = nc.stats["reconnects"]
         commands = self._commands(entries, nc.max_payload)
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:

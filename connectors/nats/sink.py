@@ -29,10 +29,13 @@ from core.runtime import Runtime
 from core.threads import keep_thread_state
 
 
-class SinkState(TypedDict):
-    """A partition's snapshot: the last stream sequence JetStream acknowledged to it."""
+class SinkState(TypedDict, total=False):
+    """A partition's snapshot: the last stream sequence JetStream acknowledged to it, and the
+    id of the message there (absent in snapshots of older versions): what a resumed partition
+    checks the stream still holds (``regression.py``)."""
 
     last_seq: int
+    last_id: str
 
 
 #: Turns what a partition receives into the messages it publishes (``transforms/render.py``),
@@ -60,7 +63,7 @@ class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
     def snapshot(self) -> SinkState:
         with self._runtime.guard(f"{self._label}: publishing"):
             self._runtime.run(self._publisher.settle())
-        return {"last_seq": self._publisher.last_seq}
+        return {"last_seq": self._publisher.last_seq, "last_id": self._publisher.last_id}
 
     def close(self) -> None:
         with self._runtime.guard(f"{self._label}: closing"):
@@ -113,10 +116,11 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
                 on_no_stream=target.stream_again,
                 stored_since=target.stored_since,
                 duplicate_window=target.stream.duplicate_window,
+                look=target.look,
                 sink=target.sink.name,
                 metrics=runtime.metrics,
             )
             runtime.run(publisher.start())
-            if resume_state:
-                publisher.last_seq = resume_state["last_seq"]
+            if resume_state and "last_id" in resume_state and runtime.restarted is None:
+                publisher.last_seq, publisher.last_id = resume_state["last_seq"], resume_state["last_id"]
             return JetStreamPartition(publisher, nc, for_part, runtime, None if self._render is None else self._render())

@@ -1,4 +1,5 @@
-"""What a sink remembers outside the stream: that its ``initial_backfill`` was requested.
+"""What a sink remembers outside the stream: that its ``initial_backfill`` was requested, and
+the last time its stream was found to have lost acknowledged messages (``regression.py``).
 
 It sits in walflow's JetStream key-value bucket :data:`STATE_BUCKET` on the sink's NATS (a
 stream of its own, whichever stream the events land in; created on first use), under one key
@@ -12,8 +13,9 @@ import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
+from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
@@ -25,6 +27,32 @@ from core.runtime import Runtime
 STATE_BUCKET: Final = "walflow_state"
 
 
+def _key(kind: str, database: str, slot: str, sink: str) -> str:
+    return f"{kind}." + base64.urlsafe_b64encode(f"{database}/{slot}/{sink}".encode()).decode()
+
+
+def regression_key(database: str, slot: str, sink: str) -> str:
+    """The key of a sink's latest stream regression in :data:`STATE_BUCKET`."""
+    return _key("regression", database, slot, sink)
+
+
+async def recorded_regression(nc: Client, database: str, slot: str, sink: str) -> dict[str, Any] | None:
+    """The sink's latest stream regression as recorded, read without creating anything (for
+    ``walflow status``); None if there is none."""
+    try:
+        bucket = await nc.jetstream().key_value(STATE_BUCKET)
+        entry = await bucket.get(regression_key(database, slot, sink))
+    except (BucketNotFoundError, KeyNotFoundError):
+        return None
+    if entry.value is None:
+        return None
+    try:
+        found = json.loads(entry.value)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 class SinkMemory:
     """One sink's entries in :data:`STATE_BUCKET`, on the connection ``connection()`` gives."""
 
@@ -34,8 +62,8 @@ class SinkMemory:
         ``runtime``: whose loop it lives on."""
         self._connection = connection
         self._runtime = runtime
-        name = base64.urlsafe_b64encode(f"{database}/{slot}/{sink}".encode()).decode()
-        self._initial_key: Final = f"initial_backfill.{name}"
+        self._initial_key: Final = _key("initial_backfill", database, slot, sink)
+        self._regression_key: Final = regression_key(database, slot, sink)
 
     def initial_backfill_requested(self) -> bool:
         """Whether this sink's ``initial_backfill`` was requested before (by any earlier run)."""
@@ -49,10 +77,20 @@ class SinkMemory:
 
         self._runtime.run(record())
 
+    def record_regression(self, record: dict[str, Any]) -> None:
+        """Remember the stream's latest regression (:meth:`Regression.as_json`) for ``walflow status``."""
+        async def record_it() -> None:
+            await (await self._bucket()).put(self._regression_key, json.dumps(record).encode())
+
+        self._runtime.run(record_it())
+
     async def _initial_backfill(self) -> bytes | None:
+        return await self._get(self._initial_key)
+
+    async def _get(self, key: str) -> bytes | None:
         bucket = await self._bucket()
         try:
-            entry = await bucket.get(self._initial_key)
+            entry = await bucket.get(key)
         except KeyNotFoundError:
             return None
         return entry.value

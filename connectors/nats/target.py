@@ -26,6 +26,7 @@ from config.schema import SinkConfig
 from connectors.nats.clashes import check_sequin_ids
 from connectors.nats.connection import connect, permission_error
 from connectors.nats.natspy import WalflowClient
+from connectors.nats.regression import Acked, AckTimes, Regression, look
 from connectors.nats.replay import already_published, horizon, ids_since
 from connectors.nats.stream import SinkStream, ensure_stream
 from core.errors import FatalError
@@ -102,6 +103,12 @@ class SinkTarget:
     async def stream_again(self) -> None:
         """The stream vanished while running (JetStream answered "no responders"): set it up again."""
         self._stream = await ensure_stream(await self.connection(), self.sink.destination, self.database)
+
+    async def look(self, acked: Acked, ack_times: AckTimes) -> Regression | None:
+        """Whether the stream still holds ``acked`` (``regression.py``): what a publisher asks
+        after a reconnect and while it runs."""
+        return await look(await self.connection(), self.sink.name, self._stream.name, acked, ack_times,
+                          self.sink.destination.confirm_delay_ms / 1000)
 
     async def stored_since(self, seq: int) -> set[str]:
         """The ids in the stream on :attr:`scanned` from sequence ``seq`` on: what a late re-send checks."""

@@ -23,6 +23,10 @@ from typing import TypedDict
 from connectors.postgres.decoder import ResumePoint
 from connectors.postgres.protocol import status_update
 
+#: How many shares of the confirm delay keep a waiting position each: what bounds the
+#: positions kept (~this many) and how much later than the delay one is confirmed (a share).
+_BUCKETS = 64
+
 
 class Emitted(TypedDict):
     """How far the partition emitted: the snapshot's position fields (plain data)."""
@@ -35,13 +39,16 @@ class Emitted(TypedDict):
 class SlotPosition:
     """Where one slot stands, for the session that reads it and the partition that emits it."""
 
-    __slots__ = ("_dirty", "_epoch_ends", "_settled", "_unconfirmed", "commit_idx", "commit_lsn",
-                 "confirm_after", "confirmed", "lsn", "received", "resume", "sent", "stop_at")
+    __slots__ = ("_delay", "_delayed", "_dirty", "_epoch_ends", "_settled", "_unconfirmed", "commit_idx",
+                 "commit_lsn", "confirm_after", "confirmed", "lsn", "received", "resume", "sent", "stop_at")
 
-    def __init__(self, resume: ResumePoint, *, confirm_after: int = 0, stop_at: int | None = None) -> None:
+    def __init__(self, resume: ResumePoint, *, confirm_after: int = 0, stop_at: int | None = None,
+                 confirm_delay: float = 0.0) -> None:
         """``confirm_after``: confirm nothing up to this LSN (what a previous run may have
         published past the slot: its sinks' replay horizon); ``stop_at``: the partition ends
-        once everything committed before it was emitted."""
+        once everything committed before it was emitted; ``confirm_delay``: seconds a
+        position durable downstream waits before it is confirmed (the sinks'
+        ``confirm_delay_ms``: what their servers may still lose)."""
         # -- the reader thread's ------------------------------------------------------
         #: Where the next session starts: right after everything a session handed on.
         self.resume = resume
@@ -64,6 +71,11 @@ class SlotPosition:
         #: The last epoch end, to confirm once that epoch is complete downstream.
         self._unconfirmed: int | None = None
         self._dirty = False  # changes emitted since the last epoch end
+        self._delay = confirm_delay
+        #: Positions durable downstream, waiting out the confirm delay: [first durable at,
+        #: last durable at, position], oldest first. Positions that become durable within
+        #: :data:`_BUCKETS`-th of the delay share an entry, so it holds ~_BUCKETS of them.
+        self._delayed: deque[list[float]] = deque()
         self._settled = False  # every change emitted so far is covered by a confirmed epoch
 
     # -- the session's events -----------------------------------------------------------
@@ -104,16 +116,18 @@ class SlotPosition:
         if self.commit_lsn is not None and lsn > self.commit_lsn:
             self.commit_lsn, self.commit_idx = None, -1  # that transaction is complete
 
-    def batch_end(self, emitted: bool, floor: int | None) -> bool:
-        """A batch was handed to Bytewax (``emitted``: with changes in it). True: the slot may
-        be confirmed at once — nothing is in flight and the position moved over WAL with
-        nothing to publish (keepalive walEnd), so no epoch needs to pass."""
+    def batch_end(self, emitted: bool, floor: int | None, now: float = 0.0) -> bool:
+        """A batch was handed to Bytewax (``emitted``: with changes in it) at ``now``
+        (monotonic seconds). True: :attr:`confirmed` moved — nothing is in flight and the
+        position moved over WAL with nothing to publish (keepalive walEnd), so no epoch
+        needs to pass; or a position waited out the confirm delay."""
+        moved = self._release(now)
         if emitted:
             self._dirty, self._settled = True, False
-            return False
+            return moved
         if not self._settled:
-            return False
-        return self._confirm(self._confirmable(self.lsn, floor))
+            return moved
+        return self._confirm(self._confirmable(self.lsn, floor), now) or moved
 
     def reads_emitted(self) -> None:
         """A backfill's reads were handed to Bytewax: they are in flight like changes."""
@@ -131,12 +145,13 @@ class SlotPosition:
         self._dirty = False
         return {"lsn": self.lsn, "commit_lsn": self.commit_lsn, "commit_idx": self.commit_idx}
 
-    def epoch_complete(self) -> bool:
-        """Bytewax called the partition again: the previous epoch is complete downstream, its
-        snapshot position durable. True: :attr:`confirmed` moved (wake the session)."""
+    def epoch_complete(self, now: float = 0.0) -> bool:
+        """Bytewax called the partition again (at ``now``, monotonic seconds): the previous
+        epoch is complete downstream, its snapshot position durable. True: :attr:`confirmed`
+        moved (wake the session)."""
         if self._unconfirmed is None:
             return False
-        moved = self._confirm(self._unconfirmed)
+        moved = self._confirm(self._unconfirmed, now)
         self._unconfirmed = None
         self._settled = not self._dirty
         return moved
@@ -148,12 +163,34 @@ class SlotPosition:
 
     # -- rules ------------------------------------------------------------------------------
 
-    def _confirm(self, lsn: int) -> bool:
-        """Confirm ``lsn`` unless a previous run may have published past it, or it is not new."""
-        if lsn > self.confirm_after and lsn > self.confirmed:
+    @property
+    def durable(self) -> int:
+        """Everything before it is durable downstream: :attr:`confirmed`, or ahead of it by
+        what waits out the confirm delay."""
+        return int(self._delayed[-1][2]) if self._delayed else self.confirmed
+
+    def _confirm(self, lsn: int, now: float) -> bool:
+        """Confirm ``lsn``, once the confirm delay has passed since ``now``, unless a previous
+        run may have published past it, or it is not new. True: :attr:`confirmed` moved."""
+        if lsn <= self.confirm_after or lsn <= self.durable:
+            return False
+        if self._delay <= 0:
             self.confirmed = lsn
             return True
+        delayed = self._delayed
+        if delayed and now - delayed[-1][0] < self._delay / _BUCKETS:
+            delayed[-1][1:] = [now, lsn]  # a later position in the same share: it waits from now
+        else:
+            delayed.append([now, now, lsn])
         return False
+
+    def _release(self, now: float) -> bool:
+        """Confirm the positions durable for at least the confirm delay at ``now``."""
+        delayed, moved = self._delayed, False
+        while delayed and delayed[0][1] <= now - self._delay:
+            self.confirmed = int(delayed.popleft()[2])
+            moved = True
+        return moved
 
     def _confirmable(self, lsn: int, floor: int | None) -> int:
         """``lsn``, or less while a backfill runs: the slot keeps its newest signal (``floor``,

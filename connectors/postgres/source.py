@@ -102,7 +102,8 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
     def _next_batch(self) -> list[RawChange]:
         self._pacer.polled(time.time())
         position = self._position
-        if position.epoch_complete():
+        now = time.monotonic()
+        if position.epoch_complete(now):
             self._reader.wake()
         if (error := self._reader.error) is not None:
             if isinstance(error, FatalError):
@@ -154,7 +155,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
                 position.commit_lsn, position.commit_idx = item.commit_lsn, item.commit_idx
         for batch in self._received:
             batch.flush()
-        if position.batch_end(bool(out), backfills.floor):
+        if position.batch_end(bool(out), backfills.floor, now):
             self._reader.wake()
         self._idle = not out
         return out
@@ -166,7 +167,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
     def snapshot(self) -> SourceState:
         self._pacer.snapshotted(time.time())
         position = self._position
-        if position.epoch_complete():
+        if position.epoch_complete(time.monotonic()):
             self._reader.wake()
         self._epoch_bytes = 0
         if self._budget_reached is not None:
@@ -188,6 +189,8 @@ class Slot:
     the tables it reads, as its live changes; :class:`~connectors.postgres.backfill.Admission`); ``on_start``: called once
     where the slot is read, before reading starts (the initial backfill requests);
     ``confirm_after``: confirm no position up to this LSN (its sinks' replay horizon);
+    ``confirm_delay``: seconds a durable position waits before it is confirmed (the longest
+    ``confirm_delay_ms`` of its sinks);
     ``stop_at_lsn``: end the partition once everything committed before that LSN was
     emitted (bounded runs and tests); without it the partition runs until the flow stops.
     """
@@ -197,6 +200,7 @@ class Slot:
     on_start: Callable[[], None] | None = None
     confirm_after: int = 0
     stop_at_lsn: int | None = None
+    confirm_delay: float = 0.0
 
 
 class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
@@ -240,10 +244,12 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         if slot.on_start is not None:
             with self.runtime.guard(f"slot {db.slot.name}: requesting initial backfills"):
                 slot.on_start()
-        state = resume_state or {}
+        # Started again to repair a stream (core/runtime.py): from the slot, not the snapshot.
+        state = resume_state if resume_state and self.runtime.restarted is None else {}
         resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
         metrics = self.runtime.metrics
-        position = SlotPosition(resume, confirm_after=slot.confirm_after, stop_at=slot.stop_at_lsn)
+        position = SlotPosition(resume, confirm_after=slot.confirm_after, stop_at=slot.stop_at_lsn,
+                                confirm_delay=slot.confirm_delay)
         reader = SlotReader(db, self.settings, position, metrics=metrics)
         runner = BackfillRunner(db, self.backfill)
         reader.backfill_progress = runner.progress

@@ -107,7 +107,8 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
     [
         # unknown key, with a suggestion and the list of keys
         (("host: 127.0.0.1 }", "host: 127.0.0.1, prot: 1 }"),
-         "sinks[0].destination.prot: unknown key (did you mean 'port'?); expected one of: ack_timeout_ms, creds_file, "
+         "sinks[0].destination.prot: unknown key (did you mean 'port'?); expected one of: ack_timeout_ms, confirm_delay_ms, "
+         "creds_file, "
          "host, jwt, max_in_flight, msg_id, nkey_seed, password, port, servers, stream, subject_prefix, tls, tls_ca_file, "
          "type, username"),
         (("hostname: 127.0.0.1", "hostname: 127.0.0.1\n    colour: red"),

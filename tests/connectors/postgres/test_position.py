@@ -39,7 +39,7 @@ def decoded(*messages: bytes) -> list[Item]:
     return decoder.take()[0]
 
 
-def emit(position: SlotPosition, items: list[Item], floor: int | None = None) -> bool:
+def emit(position: SlotPosition, items: list[Item], floor: int | None = None, now: float = 0.0) -> bool:
     """What the partition does with a batch (``source.py``): markers and changes move the position."""
     out = False
     for item in items:
@@ -48,7 +48,7 @@ def emit(position: SlotPosition, items: list[Item], floor: int | None = None) ->
         elif isinstance(item, RawChange):
             position.commit_lsn, position.commit_idx = item.commit_lsn, item.commit_idx
             out = True
-    return position.batch_end(out, floor)
+    return position.batch_end(out, floor, now)
 
 
 def test_an_epochs_position_is_confirmed_only_once_the_next_epoch_calls() -> None:
@@ -147,3 +147,36 @@ def test_a_bounded_run_finishes_between_transactions_past_its_end() -> None:
     emit(position, items[1:])
     assert position.finished
     assert not SlotPosition(ResumePoint(5000)).finished  # without stop_at: never
+
+
+def test_a_confirm_delay_confirms_each_durable_position_only_once_it_has_waited_that_long() -> None:
+    position = SlotPosition(ResumePoint(), confirm_delay=120.0)
+    emit(position, decoded(*transaction(1000, 1100, insert(1))))
+    position.epoch_end(None)
+    assert not position.epoch_complete(10.0)  # durable downstream at t=10 s: not confirmed yet
+    assert position.durable == 1100 and position.confirmed == 0
+    emit(position, decoded(*transaction(2000, 2100, insert(2))))
+    position.epoch_end(None)
+    position.epoch_complete(70.0)  # the second durable at t=70 s
+    assert not position.batch_end(False, None, 129.9) and position.confirmed == 0
+    assert position.batch_end(False, None, 130.0) and position.confirmed == 1100
+    assert flush_of(position.status(2100))[1] == 1100  # the server hears only what waited the delay
+    assert not position.batch_end(False, None, 189.9) and position.confirmed == 1100
+    assert position.batch_end(False, None, 190.0) and position.confirmed == 2100
+
+
+def test_a_confirm_delay_keeps_a_bounded_number_of_positions_and_never_confirms_early() -> None:
+    position = SlotPosition(ResumePoint(), confirm_delay=64.0)
+    durable_at: dict[int, float] = {}
+    for i in range(2000):  # an epoch every 0.1 s for 200 s
+        now = i / 10
+        start = 1000 * (i + 1)
+        emit(position, decoded(*transaction(start, start + 100, insert(i))), now=now)
+        position.epoch_end(None)
+        position.epoch_complete(now)
+        durable_at[start + 100] = now
+        assert len(position._delayed) <= 66  # ~one per 64th of the delay
+        if position.confirmed:
+            assert now - durable_at[position.confirmed] >= 64.0  # waited at least the delay
+            assert now - durable_at[position.confirmed] <= 64.0 + 1.0 + 0.1  # and at most a share more
+    assert position.confirmed > 0 and position.durable == 2000 * 1000 + 100
