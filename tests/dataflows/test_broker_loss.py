@@ -55,14 +55,17 @@ def _lose_the_newest(server: NatsServer, names: TestNames, proc_check: Any) -> i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay_ms", [60_000, 0], ids=["delay-covers-the-gap", "no-delay"])
+@pytest.mark.parametrize(("delay_ms", "recovery"), [(60_000, False), (60_000, True), (0, False)],
+                         ids=["delay-covers-the-gap", "delay-covers-the-gap-r", "no-delay"])
 def test_a_stream_that_lost_acknowledged_messages_is_repaired_from_the_slot(
-    database: Database, names: TestNames, tmp_path: Path, delay_ms: int
+    database: Database, names: TestNames, tmp_path: Path, delay_ms: int, recovery: bool
 ) -> None:
     port = free_port()
+    # with -r the restart must not resume from the recovery snapshots, which are past the loss
+    args = ["-s", "1", *(["-r", str(tmp_path / "recovery"), "-b", "0"] if recovery else [])]
     with NatsServer() as server:
         config = _config(database, names, server, tmp_path, delay_ms, port)
-        with pipeline(config, "-s", "1") as proc:
+        with pipeline(config, *args) as proc:
             running = lambda: assert_running(proc)
             wait_for(lambda: slot_active(database), timeout=60, what="the slot", check=running)
             writer = Inserter(database.dsn, rate=500)
