@@ -32,6 +32,7 @@ import psycopg
 from nats.errors import NoRespondersError
 from psycopg import sql
 
+from cli.durability import durability_checks
 from cli.probe import (
     Finding,
     Level,
@@ -355,6 +356,7 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
     elif plan.action == "extend":
         findings.append(Finding(about, Level.OK, f"stream {plan.name} (created by walflow) does not capture database "
                                 f"'{sink.database}' yet: walflow adds {plan.subjects[-1]} to it at start"))
+    findings += await durability_checks(nc, sink, plan.name if plan.action in ("use", "extend") else None)
     target = _probe_subject(sink, tables)
     try:
         captured_by = await may_publish(nc, target)

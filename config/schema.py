@@ -25,6 +25,7 @@ from pydantic import (
     Discriminator,
     Field,
     FilePath,
+    HttpUrl,
     PrivateAttr,
     SecretStr,
     Tag,
@@ -383,6 +384,9 @@ class NatsDestination(Section):
     #: "Guarantees"). 0 for servers with ``sync_interval: always``. It keeps positions only,
     #: never messages: the cost is WAL the slot holds and what a restart reads again.
     confirm_delay_ms: int = Field(default=150_000, ge=0)
+    #: The servers' monitoring endpoints (``http://nats-1:8222``): ``walflow check`` reads each
+    #: one's sync policy there (``/varz``) to say whether ``confirm_delay_ms`` covers it.
+    monitoring_urls: list[HttpUrl] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _connection(self) -> NatsDestination:

@@ -47,8 +47,9 @@ class NatsServer(EmbeddedServer):
     name = "nats"
     host = "127.0.0.1"
 
-    def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None) -> None:
-        """``extra_config`` is appended to the config file (e.g. an ``authorization`` block);
+    def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None, jetstream_config: str = "") -> None:
+        """``extra_config`` is appended to the config file (e.g. an ``authorization`` block),
+        ``jetstream_config`` to its ``jetstream`` block (e.g. ``sync_interval: always``);
         ``tls`` = (certificate chain PEM, private key PEM) makes clients connect with TLS.
         The monitoring port that answers the readiness probe stays plain HTTP.
         """
@@ -56,6 +57,7 @@ class NatsServer(EmbeddedServer):
         self.binary = find_binary()
         self.account = Account(os.geteuid(), os.getegid(), "self")
         self.extra_config = extra_config
+        self.jetstream_config = jetstream_config
         self.tls = tls
         self.http_port = 0
 
@@ -83,6 +85,7 @@ class NatsServer(EmbeddedServer):
             f"  store_dir: {json.dumps(str(self.base / 'jetstream'))}\n"
             "  max_memory_store: 256MB\n"
             "  max_file_store: 8GB\n"
+            f"  {self.jetstream_config}\n"
             "}\n"
             f"{tls}"
             f"{self.extra_config}\n"

@@ -220,3 +220,33 @@ def test_the_probes_connection_sends_nothing_that_would_change_jetstream(nats_sr
 
     assert asyncio.run(run()) == [f"{names.subject_prefix}.x", f"{names.subject_prefix}.x",
                                   f"$JS.API.STREAM.CREATE.{names.stream}", f"$JS.API.STREAM.DELETE.{names.stream}"]
+
+
+@pytest.mark.parametrize(("jetstream", "delay_ms", "level", "says"), [
+    ("sync_interval: always", 0, "pass", "the servers sync every write: confirm_delay_ms (0 s) covers it"),
+    ("sync_interval: 30s", 20_000, "warn", "confirm_delay_ms (20 s) is shorter than http://127.0.0.1:{port}/'s "
+                                           "sync_interval (30 s)"),
+    ("", 150_000, "pass", "the servers sync every 120 s at most: confirm_delay_ms (150 s) covers it"),
+], ids=["always", "shorter-than-sync", "default"])
+def test_check_reads_the_servers_sync_policy_and_the_streams_replicas(
+    database: Database, names: TestNames, tmp_path: Path, jetstream: str, delay_ms: int, level: str, says: str
+) -> None:
+    with NatsServer(jetstream_config=jetstream) as server:
+        monitoring = f"http://127.0.0.1:{server.http_port}/"
+        config = edit(setup_events(database, names, server, tmp_path), lambda data: data["sinks"][0]["destination"]
+                      .update(confirm_delay_ms=delay_ms, monitoring_urls=[monitoring]))
+        add_stream(server.url, names.stream, [f"{names.subject_prefix}.shop.>"])
+        out = _check(config)
+    out.finding(level, says.format(port=server.http_port))
+    warned = out.finding("warn", f"stream {names.stream} keeps 1 replica(s)")
+    assert warned["fix"] == "on a 3-node cluster, set destination.stream.replicas: 3"
+
+
+def test_check_without_monitoring_urls_assumes_the_default_sync_interval(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    config = setup_events(database, names, nats_srv, tmp_path)  # confirm_delay_ms: 0, as tests write it
+    out = _check(config)
+    assert out.code == 0  # warnings only
+    out.finding("warn", "confirm_delay_ms (0 s) is shorter than JetStream's default sync_interval (120 s)")
+    out.finding("warn", f"stream {names.stream} keeps 1 replica(s)")  # the one walflow would create
