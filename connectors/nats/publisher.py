@@ -115,7 +115,7 @@ class AckPublisher:
         on_no_stream: Callable[[], Awaitable[None]] | None = None,
         stored_since: Callable[[int], Awaitable[set[str]]] | None = None,
         duplicate_window: float = 120.0,
-        look: Callable[[Acked, AckTimes], Awaitable[Regression | None]] | None = None,
+        look: Callable[[Acked, AckTimes], Awaitable[tuple[Regression | None, str | None]]] | None = None,
         sink: str = "",
         metrics: Metrics | None = None,
     ) -> None:
@@ -147,6 +147,7 @@ class AckPublisher:
         self.last_id = ""  # the id of the message stored there
         self._look = look
         self._ack_times = AckTimes()
+        self._created: str | None = None  # when the stream was created, as the last look found
         self._looked: tuple[int, float] | None = None  # the connection and the time of the last look
         metrics = metrics or Metrics()
         self._sink = sink
@@ -212,13 +213,13 @@ class AckPublisher:
         to this partition. Until the stream answers (it has no leader yet, NATS went away again)
         nothing is sent: a row's newer changes must not be stored before what it lost."""
         generation = self._nc.stats["reconnects"]
-        if self._look is None or not self.last_seq:
+        if self._look is None:
             self._looked = (generation, time.monotonic())
             return
         delay = 0.1
         while True:
             try:
-                found = await self._look(Acked(self.last_seq, self.last_id), self._ack_times)
+                found, created = await self._look(Acked(self.last_seq, self.last_id, self._created), self._ack_times)
                 break
             except StreamSetupError:
                 raise
@@ -227,6 +228,11 @@ class AckPublisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         self._looked = (generation, time.monotonic())
+        if self._created is not None and created != self._created:
+            log.warning("%s: the stream was deleted and created again; what the old one held is gone with it",
+                        self._label)
+            self.last_seq, self.last_id, self._ack_times = 0, "", AckTimes()
+        self._created = created
         if found is not None:
             raise StreamRegressed(found.line(), found.as_json())
 

@@ -38,6 +38,9 @@ class Acked:
 
     seq: int
     msg_id: str
+    #: When the stream it was stored in was created, as the last look found (None: not looked
+    #: yet): a stream deleted and created again under the same name is another stream.
+    created: str | None = None
 
 
 class AckTimes:
@@ -116,17 +119,25 @@ class Regression:
 
 
 async def look(nc: Client, sink: str, stream: str, acked: Acked, ack_times: AckTimes,
-               confirm_delay: float) -> Regression | None:
-    """Whether ``stream`` still holds the message ``acked`` names; a :class:`Regression` if not.
+               confirm_delay: float) -> tuple[Regression | None, str | None]:
+    """Whether ``stream`` still holds the message ``acked`` names: a :class:`Regression` if not,
+    and when the stream was created (a stream created since ``acked.created`` is a new one,
+    which lost nothing: the old one was deleted, and what it held with it).
 
     A sequence below the stream's first is no loss (its limits removed it, or a purge), nor a
     message deleted from the middle (an operator's act); the stream ending before it, or
     another id there, is. Where the loss starts is found among the samples (a stream that
     went back lost a tail: the samples it still holds come first)."""
     js = nc.jetstream()
-    state = (await js.stream_info(stream)).state
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:  # deleted: the next publish meets "no responders" and sets it up again
+        return None, None
+    state, created = info.state, None if info.created is None else str(info.created)
+    if not acked.seq or (acked.created is not None and created != acked.created):
+        return None, created
     if await _holds(nc, stream, acked.seq, acked.msg_id, state.first_seq, state.last_seq):
-        return None
+        return None, created
     now = time.monotonic()
     samples = [sample for sample in ack_times.samples() if sample[0] < acked.seq]
     low, high = 0, len(samples)  # samples[:low] are held, samples[high:] are not
@@ -138,7 +149,7 @@ async def look(nc: Client, sink: str, stream: str, acked: Acked, ack_times: AckT
         else:
             high = middle
     kept_seq, age = (samples[low - 1][0], now - samples[low - 1][2]) if low else (0, None)
-    return Regression(sink, stream, acked.seq, state.last_seq, kept_seq, age, confirm_delay, time.time())
+    return Regression(sink, stream, acked.seq, state.last_seq, kept_seq, age, confirm_delay, time.time()), created
 
 
 async def _holds(nc: Client, stream: str, seq: int, msg_id: str, first: int, last: int) -> bool:

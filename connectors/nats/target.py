@@ -104,7 +104,7 @@ class SinkTarget:
         """The stream vanished while running (JetStream answered "no responders"): set it up again."""
         self._stream = await ensure_stream(await self.connection(), self.sink.destination, self.database)
 
-    async def look(self, acked: Acked, ack_times: AckTimes) -> Regression | None:
+    async def look(self, acked: Acked, ack_times: AckTimes) -> tuple[Regression | None, str | None]:
         """Whether the stream still holds ``acked`` (``regression.py``): what a publisher asks
         after a reconnect and while it runs."""
         return await look(await self.connection(), self.sink.name, self._stream.name, acked, ack_times,
