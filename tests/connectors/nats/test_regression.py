@@ -27,10 +27,10 @@ def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
         yield client
 
 
-def _fill(nc: WalflowClient, names: TestNames, ids: list[str], **config: int) -> None:
+def _fill(nc: WalflowClient, names: TestNames, ids: list[str], max_msgs: int = -1) -> None:
     async def fill() -> None:
         js = nc.jetstream()
-        await js.add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.>"], **config)
+        await js.add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.>"], max_msgs=max_msgs)
         for msg_id in ids:
             await js.publish(f"{names.subject_prefix}.x", b"{}", headers={"Nats-Msg-Id": msg_id})
 
