@@ -31,6 +31,10 @@ def differences(sink: SinkConfig, database: DatabaseConfig) -> list[str]:
         (f"{where} a non-transactional sequin:transaction_annotations.set message is ignored (Sequin applies it "
          "to the next transaction it decodes)"),
     ]
+    if dest.confirm_delay_ms:
+        lines.append(f"{where} the slot is confirmed {dest.confirm_delay_ms / 1000:g} s after JetStream acknowledged a "
+                     "change (confirm_delay_ms), so a server that loses acknowledged messages is repaired from the slot; "
+                     "its lag is that much WAL more (Sequin confirms at once)")
     if dest.msg_id == "walflow":
         lines.append(
             f"{where} Nats-Msg-Id and idempotency_key are base64 '<database>/<sink>/<commit_lsn>:<commit_idx>' "

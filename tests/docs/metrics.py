@@ -23,4 +23,5 @@ METRICS = {
     "walflow_backfill_rows_total": "counter",
     "walflow_backfill_chunks_total": "counter",
     "walflow_ignored_messages_total": "counter",
+    "walflow_stream_regressions_total": "counter",
 }
