@@ -42,8 +42,10 @@ P = ParamSpec("P")
 #: Exit status of a fatal error: distinct from a crash's 1.
 FATAL_EXIT = 2
 #: The environment variable a process that started itself again finds what it carried in:
-#: ``{"reason": ..., "records": [...]}``, every record carried since the first start.
+#: ``{"reason": ..., "records": [...]}``, the records carried since the operator's start (the
+#: latest :data:`_CARRIED` of them).
 RESTARTED = "WALFLOW_RESTARTED"
+_CARRIED = 100
 
 
 class Reporter(Protocol):
@@ -119,7 +121,7 @@ class Runtime:
                 threading.Event().wait()
             self._restarting = True
         log.error("%s", exc)
-        records = [*(self.restarted or {}).get("records", []), exc.record]
+        records = [*(self.restarted or {}).get("records", []), exc.record][-_CARRIED:]
         env = {**os.environ, RESTARTED: json.dumps({"reason": type(exc).__name__, "records": records})}
         logging.shutdown()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

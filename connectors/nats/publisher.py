@@ -41,6 +41,7 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.regression import LOOK_EVERY, Acked, AckTimes, Regression
 from core.errors import (
     JETSTREAM_PUBLISH,
+    FatalError,
     NoStreamError,
     PermanentPublishError,
     PublishError,
@@ -64,6 +65,8 @@ _REFILL = 4
 #: Seconds between two looks at the connection while an ack is awaited: acks of messages sent
 #: on a connection that was lost never come, and need not be waited out to ``ack_timeout``.
 _LOST_CHECK = 0.25
+#: Seconds between two warnings that the stream does not answer the look.
+_LOOK_WARN_EVERY = 30.0
 
 
 @dataclass(slots=True)
@@ -148,6 +151,7 @@ class AckPublisher:
         self._look = look
         self._ack_times = AckTimes()
         self._created: str | None = None  # when the stream was created, as the last look found
+        self._look_warned = -_LOOK_WARN_EVERY  # when the last "cannot look" warning was logged
         self._looked: tuple[int, float] | None = None  # the connection and the time of the last look
         metrics = metrics or Metrics()
         self._sink = sink
@@ -221,10 +225,13 @@ class AckPublisher:
             try:
                 found, created = await self._look(Acked(self.last_seq, self.last_id, self._created), self._ack_times)
                 break
-            except StreamSetupError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - no answer yet: look again
-                log.debug("%s: could not look at the stream (%s); looking again", self._label, exc)
+            except FatalError:
+                raise  # e.g. the user may not read the stream (the target says what to grant)
+            except Exception as exc:  # noqa: BLE001 - no answer yet (no leader, NATS away again): look again
+                if delay >= 5.0 and time.monotonic() - self._look_warned >= _LOOK_WARN_EVERY:
+                    self._look_warned = time.monotonic()
+                    log.warning("%s: cannot look whether the stream still holds what it acknowledged (%s); sending "
+                                "nothing until it answers", self._label, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         self._looked = (generation, time.monotonic())

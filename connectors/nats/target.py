@@ -107,8 +107,10 @@ class SinkTarget:
     async def look(self, acked: Acked, ack_times: AckTimes) -> tuple[Regression | None, str | None]:
         """Whether the stream still holds ``acked`` (``regression.py``): what a publisher asks
         after a reconnect and while it runs."""
-        return await look(await self.connection(), self.sink.name, self._stream.name, acked, ack_times,
-                          self.sink.destination.confirm_delay_ms / 1000)
+        nc = await self.connection()
+        with _requests_of(nc, self.sink):
+            return await look(nc, self.sink.name, self._stream.name, acked, ack_times,
+                              self.sink.destination.confirm_delay_ms / 1000)
 
     async def stored_since(self, seq: int) -> set[str]:
         """The ids in the stream on :attr:`scanned` from sequence ``seq`` on: what a late re-send checks."""
