@@ -263,10 +263,12 @@ class AckPublisher:
             no_stream = False
             reason = ""
             retries: defaultdict[str, int] = defaultdict(int)  # by metrics' reason
+            stored = None  # the acknowledged entry with the highest sequence
             for entry in batch:
                 error = entry.error
                 if entry.seq:
-                    self._stored(entry)
+                    if stored is None or entry.seq > stored.seq:
+                        stored = entry
                     continue
                 if error is not None and error.code is not None:
                     self._metrics.publish_failures.labels(self._sink, error.code).inc()
@@ -285,6 +287,8 @@ class AckPublisher:
                     no_stream = no_stream or isinstance(error, NoStreamError)
                     retries["disconnected" if error.code is None else "jetstream_error"] += 1
                 failed.append(entry)
+            if stored is not None:
+                self._stored(stored)
             self._waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
             self._failed = False
             for why, n in retries.items():
