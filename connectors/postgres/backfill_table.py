@@ -27,6 +27,7 @@ from connectors.postgres import signals
 from connectors.postgres.backfill_protocol import DONE, Handoff
 from connectors.postgres.chunks import BackfillRefused, TableReader, wait_for_commits_in_flight
 from connectors.postgres.connection import conninfo
+from connectors.postgres.outage import OutageLog
 from connectors.postgres.signals import BackfillRequest
 from core.errors import BACKFILL_QUERY, by_sqlstate
 
@@ -57,6 +58,8 @@ class TableLoop:
         self._handoff, self._key, self._report = handoff, key, report
         #: The chunk size reached so far: kept across reconnects.
         self._limit: int | None = None
+        #: A server crash says "interrupted" once, not once per attempt while it recovers.
+        self._outage = OutageLog(log)
 
     def run(self) -> None:
         """Read chunk by chunk until done; reconnect after failures."""
@@ -73,6 +76,8 @@ class TableLoop:
                         return
                     with self._handoff as ledger:
                         ledger.connected(request.id, reader.table, reader.estimate)
+                    self._outage.recovered(f"backfill {request.id} of {request.table} reads")
+                    delay = _BACKOFF_MIN  # the next outage is a new one
                     self._chunks(conn, reader)
                     return
             except psycopg.Error as exc:
@@ -83,8 +88,10 @@ class TableLoop:
                     return
                 with self._handoff as ledger:
                     ledger.lost(request.id)
-                log.warning("backfill %s of %s interrupted: %s; retrying in %.1fs", request.id, request.table,
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
+                kind = "connection" if isinstance(exc, psycopg.OperationalError) else exc.sqlstate or "error"
+                self._outage.failed(kind, "backfill %s of %s interrupted: %s; retrying in %.1fs",
+                                    request.id, request.table,
+                                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, delay)
                 stopping.wait(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
             except Exception as exc:

@@ -134,7 +134,9 @@ class HeartbeatWriter:
                             return
             except psycopg.Error as exc:
                 if not self._failing:
-                    log.warning("cannot write a heartbeat for slot %s: %s", self.db.slot.name, str(exc).strip())
+                    text = str(exc).strip()
+                    log.warning("cannot write a heartbeat for slot %s: %s", self.db.slot.name,
+                                text.splitlines()[0] if text else type(exc).__name__)
                     self._failing = True
 
     def _sample(self, conn: psycopg.Connection[Any], on_sample: Callable[[SlotSample], None]) -> None:

@@ -4,7 +4,9 @@ It owns what outlives a session: the byte-bounded buffer the partition drains, t
 :class:`~connectors.postgres.position.SlotPosition`, the heartbeat writer, and the decision what to do when a session
 ends with an error (:mod:`core.errors`): a fatal one is kept in :attr:`SlotReader.error`
 for the partition to raise; a transient one is retried with capped, jittered backoff,
-resuming exactly after the last change the session handed on. A slot held by someone
+resuming exactly after the last change the session handed on, and said once per outage
+(:class:`~connectors.postgres.outage.OutageLog`: a crashed server refuses a reconnect or two
+while it recovers; those attempts are logged at debug). A slot held by someone
 else (``55006``) is diagnosed first: walflow's own walsender that has gone silent is
 terminated (its client is gone and the server has not noticed), anyone else is waited for.
 
@@ -34,6 +36,7 @@ from connectors.postgres import heartbeat
 from connectors.postgres.buffer import ChangeBuffer
 from connectors.postgres.connection import conninfo
 from connectors.postgres.messages import IgnoredMessages, Reason
+from connectors.postgres.outage import OutageLog
 from connectors.postgres.position import SlotPosition
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT, Session
@@ -95,7 +98,9 @@ class SlotReader:
         self.error: BaseException | None = None
         self.slot_state: SlotState | None = None
         self.table_keys: dict[int, tuple[str, ...]] = {}
-        self.connected = False
+        self._connected = False
+        #: What the log says of an outage: its first failure, not every reconnect attempt.
+        self._outage = OutageLog(log)
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"walflow-reader-{db.slot.name}", daemon=True)
         self.heartbeat_seen = 0.0  # when (Unix time) the last heartbeat came back
@@ -129,6 +134,17 @@ class SlotReader:
             "ready": self.connected and self.error is None and fresh,
             "backfills": self.backfill_progress(),
         }
+
+    @property
+    def connected(self) -> bool:
+        """True while a session streams (set by the session)."""
+        return self._connected
+
+    @connected.setter
+    def connected(self, value: bool) -> None:
+        self._connected = value
+        if value:
+            self._outage.recovered(f"replication of slot {self.db.slot.name} streams")
 
     @property
     def alive(self) -> bool:
@@ -235,8 +251,8 @@ class SlotReader:
                 delay = retry_after
             wait = delay * random.uniform(0.8, 1.2)
             first_line = problem.strip().splitlines()[0] if problem.strip() else "?"
-            log.warning("replication of slot %s interrupted: %s; reconnecting in %.1fs",
-                        self.db.slot.name, first_line, wait)
+            self._outage.failed(cause, "replication of slot %s interrupted: %s; reconnecting in %.1fs",
+                                self.db.slot.name, first_line, wait)
             self.stopping.wait(wait)
             delay = min(delay * 2, _BACKOFF_MAX)
 
