@@ -7,10 +7,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from bench import delay
 from bench.runner import FULL, QUICK, Options, run
 from bench.walflow import DEPLOYMENTS, SHAPINGS
 
-WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb")
+WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb", "delay")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                         "twodb]; the results' names then end in them (<date>-latency.md), so a whole run's stay. "
                         "twodb: one flow over two databases (two databases: entries, a slot, publication and "
                         "sink each, no WALFLOW_DATABASE), changes/s and CPU per process for each database")
+    delay.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="results directory [bench/results]")
     return parser

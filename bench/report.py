@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import delay
 from bench.walflow import DEPLOYMENTS
 
 #: The performance targets (where each comes from: ``docs/design.md``, *bench/*).
@@ -307,6 +308,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {lag_cell} | {_fmt(phase.get('pgbench_cpu_cores'), 2)} "
                 f"| {_fmt(phase['machine_cpu_busy'], 2)} / {_fmt(phase['other_processes_cpu'], 2)} |"
             )
+    lines += delay.markdown(results.get("delay"))
     if results.get("warnings"):
         lines += ["", "## Warnings", "", *(f"- {w}" for w in results["warnings"])]
     lines += ["", "## Targets (issues 7 and 12)", "", "| target | measured | goal | met |", "|---|--:|---|---|"]

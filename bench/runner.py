@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import psycopg
 
-from bench import backfill, report
+from bench import backfill, delay, report
 from bench.consumers import Feed, sink_ceilings, source_ceiling, walflow_catchup, walflow_feeds
 from bench.jetstream import JetStream, StoredMessage
 from bench.latency import Phase, find_pgbench, run_latency
@@ -65,8 +65,12 @@ class Options:
     two_db_deployment: str = "p2"
     #: (a)'s sink shaped beside unshaped, per deployment (:data:`bench.walflow.SHAPINGS`); "none": unshaped only.
     shaping: str = "none"
-    only: str = "mixed,bulk,wide,latency,backfill,twodb"
+    only: str = "mixed,bulk,wide,latency,backfill,twodb,delay"
     quick: bool = False
+    #: delay (bench/delay.py): D, pgbench's rate, and how many (0, D) pairs
+    confirm_delay_s: float = 30.0
+    delay_rate: int = 2000
+    delay_pairs: int = 1
 
     def with_(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
@@ -79,7 +83,8 @@ FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000, backfill_row
 #: Quick: the three deployments of before (p2 gives the per-process split and the projection),
 #: no p3, no noflags and no two-database run unless asked for (--deployments, --only twodb).
 QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, backfill_rows=20_000, two_db_rows=10_000,
-                latency_seconds=4.0, deployments="w1,w2,p2", only="mixed,bulk,wide,latency,backfill", quick=True)
+                latency_seconds=4.0, deployments="w1,w2,p2", only="mixed,bulk,wide,latency,backfill,delay", quick=True,
+                confirm_delay_s=10.0)
 
 #: The two-database run: walflow's names for the databases (the subjects' second token) and
 #: the server's (each with its slot and publication of its own).
@@ -394,6 +399,8 @@ def run(options: Options, out_dir: Path) -> int:
                         name: suite.backfill(name, pad) for name, pad in (("backfill-100B", o.pad),
                                                                           ("backfill-1.6KB", o.wide_pad))
                     }
+                if o.runs("delay"):
+                    results["delay"] = delay.measure(suite, _say)
                 results["warnings"] = suite.warnings
             finally:
                 js.close()
