@@ -264,10 +264,11 @@ class Message:
     """What a sink publishes: its subject, payload, ``Nats-Msg-Id`` and further header lines,
     and what its acknowledgement is counted under (as Bytewax's ``KafkaSinkMessage`` carries its
     topic). Render builds every one (the envelope, shaping, dead letters) and nothing changes
-    one after: each attribute is ``Final``. A class with ``__slots__``, built positionally on the
-    hot path (why not a frozen dataclass: ``docs/design.md``, *core/events.py*)."""
+    one after: each attribute is ``Final`` but :attr:`row`, which render sets once. A class with
+    ``__slots__``, built positionally on the hot path (why not a frozen dataclass:
+    ``docs/design.md``, *core/events.py*)."""
 
-    __slots__ = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
+    __slots__ = ("commit_ts", "headers", "labels", "msg_id", "payload", "row", "subject")
 
     def __init__(self, subject: bytes, payload: bytes, msg_id: str, labels: tuple[str, str], commit_ts: float = 0.0,
                  headers: bytes = b"") -> None:
@@ -285,15 +286,24 @@ class Message:
         self.commit_ts: Final = commit_ts
         #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
         self.headers: Final = headers
+        #: The row it is a change of, as the slot's worker named it (a hash of its group key; 0:
+        #: none): the publisher never has two messages of one row in flight at once, so none can
+        #: be stored ahead of an earlier one JetStream dropped (``connectors/nats/publisher.py``).
+        self.row = 0
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Message and all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+        """Equal by what is published and counted (not by :attr:`row`, the publisher's concern)."""
+        return type(other) is Message and all(getattr(self, name) == getattr(other, name) for name in _PUBLISHED)
 
     __hash__ = None  # type: ignore[assignment]  # equal by value, and not meant as a key
 
     def __repr__(self) -> str:
         return (f"Message({self.subject!r}, {len(self.payload)} bytes, {self.msg_id!r}, {self.labels!r}, "
                 f"{self.commit_ts!r}, {self.headers!r})")
+
+
+#: What :meth:`Message.__eq__` compares.
+_PUBLISHED: Final = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
 
 
 class JsonText:

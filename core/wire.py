@@ -34,7 +34,7 @@ FORGET: Final = "forget"
 
 #: A change as it crosses (see the module docstring for the fields).
 Packed = tuple[int, Action, RawRow | None, RawRow | None, bool, int, int, int, int,
-               tuple[str, str, str] | None, bytes | None]
+               tuple[str, str, str] | None, bytes | None, int]
 #: Anything a sink partition receives from the slot's worker.
 Item = Packed | tuple[str, Table] | tuple[str, int]
 
@@ -45,11 +45,12 @@ _US: Final = timedelta(microseconds=1)
 _FAST_UNTIL: Final = 2**32 * 1_000_000
 
 
-def pack(change: RawChange) -> Packed:
-    """``change`` as it crosses to its sink partition."""
+def pack(change: RawChange, row: int = 0) -> Packed:
+    """``change`` as it crosses to its sink partition; ``row``: the row it changes, as a hash of
+    its group key (:attr:`core.events.Message.row`; 0: none)."""
     action, table, new, old, old_is_key, lsn, idx, ts, xid, read, annotations = change
     return (table.uid, action, new, old, old_is_key, lsn, idx, (ts - _EPOCH) // _US, xid,
-            None if read is None else (read.sink, read.backfill, read.row_key), annotations)
+            None if read is None else (read.sink, read.backfill, read.row_key), annotations, row)
 
 
 def commit_time(micros: int) -> datetime:

@@ -70,7 +70,8 @@ class Dispatch:
         count = len(self._keys)
         for change in self._filter.select(changes):
             table = change.table
-            partition = adler32(key(change).encode()) % count
+            grouped = key(change)
+            partition = adler32(grouped.encode()) % count
             items = out.get(partition)
             if items is None:
                 items = out[partition] = []
@@ -79,7 +80,7 @@ class Dispatch:
             if partition not in have:
                 have.add(partition)
                 items.append((DESCRIBE, table))
-            items.append(pack(change))
+            items.append(pack(change, hash(grouped)))
         keys = self._keys
         return [(keys[partition], items) for partition, items in out.items()]
 

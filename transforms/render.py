@@ -118,7 +118,7 @@ class Render:
                     if table is None:
                         raise RuntimeError(f"a change names table version {head}, which was not described to this "
                                            "partition first: the items from the slot's worker arrived out of order")
-                    _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item  # type: ignore[misc]
+                    _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations, row = item  # type: ignore[misc]
                     change = convert_fields(action, table, new, old, old_is_key, lsn, idx, commit_time(micros), xid,
                                             None if read is None else ReadOf(*read), annotations)
                     plan = plans[head]
@@ -126,6 +126,7 @@ class Render:
                         message = envelope(change)
                         if (len(message.payload) > fits or read is not None) and _size(message) > room:
                             message = self._fit(None, change, table, item, None, message, room)
+                        message.row = row
                         out.append(message)
                     else:
                         pending.append((len(out), plan, change, table, item))
@@ -157,7 +158,9 @@ class Render:
             if message is None:
                 self._filtered.counts[(f"{change.schema}.{change.table}", change.action)] += 1
             elif _size(message) > room:
-                out[place] = self._fit(plan, change, table, item, enrichment, message, room)
+                out[place] = message = self._fit(plan, change, table, item, enrichment, message, room)
+            if message is not None:
+                message.row = item[11]  # type: ignore[misc]
 
     def _shaped(self, plan: Plan, change: Change, record: Row, changes: Row | None, enrichment: Any,
                 filtered: bool = False) -> Message | None:
@@ -181,7 +184,7 @@ class Render:
         values replaced by markers (:mod:`core.sizes`, key columns kept) until it fits in ``room``;
         its dead letter if it cannot. Each round replaces values adding up to what is still over
         (a value's JSON may be larger than its text: another round then)."""
-        _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations = item  # type: ignore[misc]
+        _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations, _ = item  # type: ignore[misc]
         rows: tuple[Any, Any] = (old, new)
         size, lost = _size(message), [set[int](), set[int]()]
         places: list[tuple[int, int, int]] = []

@@ -140,6 +140,9 @@ class AckPublisher:
         self._token_at = len(self._reply_prefix)  # where an ack's subject has its token
         self._token = 0
         self._waiting: dict[int, _InFlight] = {}
+        #: Each row's message in flight (by :attr:`core.events.Message.row`), until it is stored.
+        self._rows: dict[int, _InFlight] = {}
+        self._blocker: _InFlight | None = None  # the message in flight that the next one waits for
         self._inflight: deque[_InFlight] = deque()
         self._sid: int | None = None
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
@@ -198,7 +201,7 @@ class AckPublisher:
             floor = self.last_seq
             chunk = [_InFlight(message, now, floor) for message in messages[sent : sent + room]]
             sent += len(chunk)
-            if not await self._send(chunk):  # not all of it went out: settle before anything newer
+            if not await self._send_in_order(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
 
     async def settle(self) -> None:
@@ -290,6 +293,7 @@ class AckPublisher:
             if stored is not None:
                 self._stored(stored)
             self._waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
+            self._rows.clear()
             self._failed = False
             for why, n in retries.items():
                 self._metrics.publish_retries.labels(self._sink, why).inc(n)
@@ -316,7 +320,7 @@ class AckPublisher:
                 await self._look_again()  # before a re-send: the stream may have gone back meanwhile
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            await self._send([replace(old, seq=0, error=None) for old in failed])
+            await self._send_in_order([replace(old, seq=0, error=None) for old in failed])
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
@@ -364,12 +368,32 @@ class AckPublisher:
         finally:
             self._wake = None
 
-    async def _send(self, entries: list[_InFlight]) -> bool:
-        """Put ``entries`` in the window and write them to the socket as one block of commands.
+    async def _send_in_order(self, entries: list[_InFlight]) -> bool:
+        """Send ``entries`` in order, waiting whenever the next one's row already has a message
+        in flight until that one is stored: two messages of a row are never in flight at once, so
+        JetStream cannot drop the earlier (a leader change) and store the later. False: not all
+        went out — :meth:`settle` must run before anything newer; those not sent are in the
+        window as failed, to be re-sent in order."""
+        while entries:
+            taken, sent = await self._send(entries)
+            entries = entries[taken:]
+            if not entries:
+                return sent
+            blocker = self._blocker
+            if not sent or blocker is None or not await self._until_done(blocker, self._ack_timeout) or blocker.error:
+                for entry in entries:
+                    entry.error = PublishFailed("not sent: an earlier message of its row was not stored yet")
+                self._inflight.extend(entries)
+                return False
+        return True
 
-        Returns False if not all of them went out (their ``error`` says why; nothing after a
-        message that cannot be sent at all is sent): :meth:`settle` must run before anything
-        newer, and re-sends the retryable ones in order."""
+    async def _send(self, entries: list[_InFlight]) -> tuple[int, bool]:
+        """Put ``entries`` in the window and write them to the socket as one block of commands,
+        up to one whose row has a message in flight (:attr:`_blocker` is that message).
+
+        Returns how many were put in the window, and False if not all of those went out (their
+        ``error`` says why; nothing after a message that cannot be sent at all is sent):
+        :meth:`settle` must run before anything newer, and re-sends the retryable ones in order."""
         nc = self._nc
         if not nc.is_connected:
             self._inflight.extend(entries)
@@ -377,25 +401,35 @@ class AckPublisher:
             for entry in entries:
                 entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
                                else PublishFailed("NATS is disconnected"))
-            return not entries
+            return len(entries), not entries
         self._sent_on = nc.stats["reconnects"]
-        commands = self._commands(entries, nc.max_payload)
+        commands, taken = self._commands(entries, nc.max_payload)
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
                 entry.error = PublishFailed("NATS is disconnected")
-            return False
-        return len(commands) == len(entries)
+            return taken, False
+        return taken, len(commands) == taken
 
-    def _commands(self, entries: list[_InFlight], max_payload: int) -> list[bytes]:
+    def _commands(self, entries: list[_InFlight], max_payload: int) -> tuple[list[bytes], int]:
         """The ``HPUB`` commands of ``entries``, each put in the window as it is written, up to one
-        too large to send (its ``error`` says so): nothing after it is sent, nor put in the
-        window. This runs for every message."""
-        prefix, waiting, token = self._reply_prefix, self._waiting, self._token
+        too large to send (its ``error`` says so; nothing after it is sent, nor put in the window)
+        or one whose row has a message in flight (it is not put in the window). Returns the
+        commands and how many entries were put in the window. This runs for every message."""
+        prefix, waiting, token, rows = self._reply_prefix, self._waiting, self._token, self._rows
         commands: list[bytes] = []
         append, inflight = commands.append, self._inflight
+        taken = 0
         for entry in entries:
             message = entry.message
+            row = message.row
+            if row:
+                held = rows.get(row)
+                if held is not None:
+                    self._blocker = held
+                    break
+                rows[row] = entry
             inflight.append(entry)
+            taken += 1
             msg_id, payload, extra = message.msg_id.encode(), message.payload, message.headers
             headers = _HEADERS_SIZE + len(msg_id) + len(extra)
             size = headers + len(payload)
@@ -406,7 +440,7 @@ class AckPublisher:
             waiting[token] = entry
             append(_HPUB % (message.subject, prefix, token, headers, size, msg_id, extra, payload))
         self._token = token
-        return commands
+        return commands, taken
 
     async def _drop_stored(self, failed: list[_InFlight]) -> list[_InFlight]:
         """Leave out failed messages that JetStream stored after all, when its duplicate
@@ -433,6 +467,8 @@ class AckPublisher:
         if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
             message = entry.message
+            if message.row and self._rows.get(message.row) is entry:
+                del self._rows[message.row]  # the row's next message may go
             self._acked[message.labels] += 1
             if committed := message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)

@@ -6,6 +6,7 @@ also when every item went through pickle as between processes."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 from typing import Any
 from zlib import adler32
@@ -122,13 +123,17 @@ def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing:
         published += make_render(sink, db)([items], ROOM)
     assert len(published) == len(changes)
     assert sorted(published, key=lambda m: m.msg_id) == sorted(expected.values(), key=lambda m: m.msg_id)
+    # each message names its row, the same for every change of one row: the publisher's fence
+    by_row = {(m.row, json.loads(m.payload)["record"]["id"]) for m in published}
+    assert all(row for row, _ in by_row) and len({row for row, _ in by_row}) == len({i for _, i in by_row}) == 6
 
 
 def test_a_packed_change_converts_as_the_change_does() -> None:
     raw = raw_change("update", new={"id": b"7", "status": b"paid"}, old={"id": b"6"}, old_is_key=True, idx=3)
     read = raw._replace(action="read", read=ReadOf("s", "b", '["7"]'), annotations=b'{"a":1}')
     for change_ in (raw, read):
-        _, *fields = pickle.loads(pickle.dumps(pack(change_)))
+        _, *fields, row = pickle.loads(pickle.dumps(pack(change_, 42)))
+        assert row == 42
         fields[6] = commit_time(fields[6])
         fields[8] = None if fields[8] is None else ReadOf(*fields[8])
         assert convert_fields(fields[0], change_.table, *fields[1:]) == convert(change_)
