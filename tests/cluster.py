@@ -139,7 +139,7 @@ def check_counters(db: Database, nodes: NatsCluster, stream: str, watch: SlotWat
     wrong = {row: vs for row, vs in seen.items() if vs != list(range(truth.get(row, -1) + 1))}
     missing = [row for row in truth if row not in seen]
     assert not wrong and not missing, (f"{len(wrong)} row(s) with changes missing, repeated or out of order "
-                                       f"(e.g. {list(wrong.items())[:2]}); {len(missing)} row(s) never published")
+                                       f"(e.g. {list(wrong.items())[:3]}, final v {[truth.get(r) for r in list(wrong)[:3]]}); {len(missing)} row(s) never published")
     assert len(events) == sum(v + 1 for v in truth.values())
     assert watch.samples, "the slot was never sampled"
     for confirmed, last in watch.samples:

@@ -43,6 +43,10 @@ _CREDS_TEMPLATE = (
 )
 
 
+#: Seconds between the client's pings: a hung server is left after about three of them.
+PING_INTERVAL = 5
+
+
 class RateLimitedLog:
     """nats-py reports an outage about twice a second: say it once every ``every`` seconds."""
 
@@ -67,6 +71,11 @@ def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
         "reconnect_time_wait": 1,
         "pending_size": 0,
         "connect_timeout": 5,
+        # A server that hangs (SIGSTOP, a frozen VM) keeps its socket open: unanswered pings are
+        # how the client finds out and moves to another server. nats-py's default (2 unanswered
+        # pings 2 minutes apart) would keep a sink on a dead cluster node for 4 minutes.
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": 2,
     }
     if dest.username is not None and dest.password is not None:
         options["user"] = dest.username
@@ -162,6 +171,8 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
                 client.permission_violation = str(exc)
             warn("permission", "NATS at %s: %s", servers, exc)
             return
+        if several and isinstance(exc, nats.errors.UnexpectedEOF):
+            return  # the server closed the connection: the disconnect's line names it
         if several:  # one server that fails is not all of them: nats-py tries the next
             warn("error", "NATS connection %s: a server failed (%s); trying the others of %s", name, exc, servers)
         else:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from nats.errors import NoRespondersError
+from nats.errors import NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 
@@ -41,6 +41,10 @@ from core.ids import IdScheme
 from core.runtime import Runtime
 
 log = logging.getLogger("walflow.nats")
+
+#: What a JetStream API request meets while the stream has no leader to answer it, or while the
+#: connection is between servers (nats-py refuses to buffer a request then: ``pending_size`` 0).
+UNANSWERED = (NatsTimeoutError, NoRespondersError, ServiceUnavailableError, OutboundBufferLimitError)
 
 #: How long one :meth:`SinkTarget.stream_again` waits for the stream to have a leader (an election
 #: takes a few seconds) before the publisher re-sends anyway and asks again.
@@ -131,6 +135,12 @@ class SinkTarget:
         deadline = time.monotonic() + LEADER_WAIT
         while True:
             nc = await self.connection()
+            if not nc.is_connected:  # between servers: the connection's own lines say so
+                if time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
             try:
                 info = await nc.jetstream(timeout=2.0).stream_info(name)
             except NotFoundError:
@@ -138,7 +148,7 @@ class SinkTarget:
                 self._stream = await ensure_stream(nc, self.sink.destination, self.database)
                 self._leaderless_since = None
                 return
-            except (NatsTimeoutError, NoRespondersError, ServiceUnavailableError) as exc:  # no leader to answer
+            except UNANSWERED as exc:  # no leader to answer (or the connection dropped meanwhile)
                 self._warn("leader", "%s: stream '%s' has no leader (election under way: %s); waiting for one "
                            "before re-sending", self.sink.name, name, type(exc).__name__)
             else:
@@ -185,7 +195,7 @@ class SinkTarget:
         while True:
             try:
                 return await ids_since(await self.connection(), self._stream.name, self.scanned, seq)
-            except (NatsTimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
+            except UNANSWERED as exc:
                 self._warn("read", "%s: cannot read stream '%s' yet (%s); waiting for it before re-sending",
                            self.sink.name, self._stream.name, type(exc).__name__)
             async with self._leader_lock:
