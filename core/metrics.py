@@ -268,7 +268,8 @@ class Metrics:
         self.stream_leaderless = Histogram(
             "walflow_stream_leaderless_seconds",
             "How long a sink's stream was without a leader (a JetStream cluster's election): from walflow finding "
-            "its publishes unanswered (503 no responders) to the stream answering with a leader again.",
+            "its publishes unanswered (503 no responders) or the stream not answering a re-send's check to the "
+            "stream answering with a leader again.",
             ["sink"], buckets=LATENCY_BUCKETS, registry=r)
         self.nats_connected = Gauge(
             "walflow_nats_connected",

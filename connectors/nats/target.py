@@ -154,7 +154,12 @@ class SinkTarget:
             else:
                 leader = info.cluster.leader if info.cluster is not None else None
                 if leader or info.cluster is None:  # a single server's stream has no cluster info
-                    self._elected(name, leader, waited)
+                    # it answers: set it up again all the same (its subjects may have lost the sink's)
+                    self._stream = await ensure_stream(nc, self.sink.destination, self.database)
+                    if info.cluster is None:  # one server: no election to speak of
+                        self._leaderless_since = None
+                    else:
+                        self._elected(name, leader, waited)
                     return
                 self._warn("leader", "%s: stream '%s' has no leader (election under way); waiting for one "
                            "before re-sending", self.sink.name, name)

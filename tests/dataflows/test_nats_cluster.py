@@ -100,7 +100,7 @@ def test_r3_stream_through_failover_keeps_every_change_once_in_order(
     retries = by_labels(metrics.get("walflow_publish_retries_total", {}), "reason")
     unanswered = by_labels(metrics.get("walflow_publish_failures_total", {}), "code").get(("503",), 0)
     elections = by_labels(metrics.get("walflow_stream_leaderless_seconds_count", {}), "sink").get(("c",), 0)
-    assert (elections > 0) == (unanswered > 0), (unanswered, elections)  # publishes unanswered: an election seen
+    assert elections > 0 or unanswered == 0, (unanswered, elections)  # publishes unanswered: an election seen
     print(f"cluster {scenario}: {len(events)} events, {writer.commits} commits, {len(watch.samples)} slot samples, "
           f"retries {retries}, {unanswered:.0f} unanswered, {elections:.0f} election(s), "
           f"{time.monotonic() - started:.0f}s")
