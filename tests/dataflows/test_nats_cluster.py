@@ -26,7 +26,7 @@ from tests.pipeline import assert_running, by_labels, pipeline, scrape
 
 RATE = 800  # changes a second
 PAUSE = 20.0  # seconds a node stays stopped
-#: Seen in about one run in four: the publisher pipelines a partition's window, and during a
+#: Seen in about one scenario run in five (a row or two): the publisher pipelines a partition's window, and during a
 #: leader change JetStream may drop one message (503 "no responders", or no ack) yet store the
 #: next, of the same row, at the new leader; the re-send then lands behind it. Until the
 #: publisher fences that, a run that shows it is reported as XFAIL, naming the rows; every
