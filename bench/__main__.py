@@ -11,7 +11,7 @@ from bench import delay
 from bench.runner import FULL, QUICK, Options, run
 from bench.walflow import DEPLOYMENTS, SHAPINGS
 
-WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb", "delay")
+WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb", "delay", "cluster")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [full: all; quick: all but "
                         "twodb]; the results' names then end in them (<date>-latency.md), so a whole run's stay. "
                         "twodb: one flow over two databases (two databases: entries, a slot, publication and "
-                        "sink each, no WALFLOW_DATABASE), changes/s and CPU per process for each database")
+                        "sink each, no WALFLOW_DATABASE), changes/s and CPU per process for each database. cluster: (a)'s "
+                        "workload (--rows) published by walflow w1 into an R1 stream on one server and into an R3 "
+                        "stream on a 3-node NATS cluster, side by side")
     delay.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="results directory [bench/results]")

@@ -280,6 +280,7 @@ def markdown(results: dict[str, Any]) -> str:
     if not results["workloads"]:  # a run without catch-up (--only latency): title and environment only
         del lines[3:]
     lines += _two_databases_markdown(results.get("two_databases"))
+    lines += _cluster_markdown(results.get("cluster"))
     lines += _backfill_markdown(results)
     latency = results.get("latency")
     if latency:
@@ -436,6 +437,32 @@ def _scaling_markdown(scaling: dict[str, Any] | None) -> list[str]:
     lines += ["", ("In brackets the term that binds: W the walsender, S the slot's process, F the publishing processes. "
               "\"S less its own publishing\": S − (slot's published share × F), what the slot's process would cost if "
               "the sink partitions it owns (its share of the publishing) ran elsewhere.")]
+    return lines
+
+
+def _cluster_markdown(cluster: dict[str, Any] | None) -> list[str]:
+    """R1 on one server beside R3 on a 3-node cluster: the same WAL, the same deployment."""
+    if not cluster:
+        return []
+    lines = [
+        "",
+        f"## NATS cluster: R1 on one server, R3 on three nodes (walflow {cluster['deployment']})",
+        "",
+        (f"The same {_fmt(cluster['changes'])} changes (mixed, {_fmt(round(cluster['avg_row_bytes']))} B rows) in "
+         "the WAL before each run; the R3 stream on a 3-node cluster on this machine's loopback (one nats-server "
+         "per node: the nodes share its cores with walflow and PostgreSQL)."),
+        "",
+        "| stream | changes/s (incl. startup) | CPU µs/change (walflow) | peak RSS MB |",
+        "|---|--:|--:|--:|",
+    ]
+    for key, label in (("r1", "R1, one server"), ("r3", "R3, 3-node cluster")):
+        run = cluster.get(key)
+        if run:
+            lines.append(f"| {label} | {_fmt(run['changes_per_s'])} ({_fmt(run['changes_per_s_incl_startup'])}) "
+                         f"| {_fmt(run['cpu_us_per_change'])} | {_fmt(run['peak_rss_mb'])} |")
+    r1, r3 = cluster.get("r1"), cluster.get("r3")
+    if r1 and r3 and r1["changes_per_s"]:
+        lines += ["", f"R3 runs at {r3['changes_per_s'] / r1['changes_per_s']:.0%} of R1's rate."]
     return lines
 
 

@@ -35,6 +35,7 @@ from bench.workloads import (
     write_rows,
 )
 from embedded import NatsServer, PostgresServer
+from embedded.nats import NatsCluster
 
 #: The server for a benchmark rather than for tests: room for the 1M-row transaction's WAL
 #: without checkpoints in the middle of a measurement. Durability stays off, as in the tests
@@ -65,7 +66,7 @@ class Options:
     two_db_deployment: str = "p2"
     #: (a)'s sink shaped beside unshaped, per deployment (:data:`bench.walflow.SHAPINGS`); "none": unshaped only.
     shaping: str = "none"
-    only: str = "mixed,bulk,wide,latency,backfill,twodb,delay"
+    only: str = "mixed,bulk,wide,latency,backfill,twodb,delay,cluster"
     quick: bool = False
     #: delay (bench/delay.py): D, pgbench's rate, and how many (0, D) pairs
     confirm_delay_s: float = 30.0
@@ -331,6 +332,43 @@ class Bench:
             for database in made:
                 drop_database(self.pg.dsn(), database)
 
+    def cluster(self) -> dict[str, Any]:
+        """walflow (w1) over one mixed workload twice: into an R1 stream on the single server, then
+        into an R3 stream on a 3-node cluster (``embedded.nats.NatsCluster``) started for it."""
+        o = self.options
+        tag = _tag("cluster")
+        database = f"bench_{tag}"
+        dsn = self.pg.dsn(database)
+        prepare_database(self.pg.dsn(), database, dsn, ["wf_r1", "wf_r3"])
+        try:
+            _say("cluster: writing")
+            written = write_mixed(dsn, database, changes=o.rows, clients=o.clients, pad=o.pad)
+            result: dict[str, Any] = {**_written(written), "deployment": DEPLOYMENTS["w1"].label}
+            r1 = self.target(database, "wf_r1", f"{tag}_r1")
+            result["r1"] = self._catchup("cluster R1, one server", "w1", r1, written, dsn)
+            self.js.delete_stream(r1.stream)
+            _say("cluster: starting a 3-node NATS cluster")
+            with NatsCluster(3) as nodes:
+                js = JetStream(nodes.url)
+                try:
+                    r3 = dataclasses.replace(self.target(database, "wf_r3", f"{tag}_r3"), servers=tuple(nodes.urls),
+                                             replicas=3)
+                    label = "cluster R3, 3 nodes"
+                    _say(f"{label}: walflow {DEPLOYMENTS['w1'].label}")
+                    run = walflow_catchup(js, self.workdir, r3, DEPLOYMENTS["w1"], dsn=dsn, changes=written.changes,
+                                          end_lsn=written.end_lsn, timeout=self.timeout(written.changes))
+                    self.check_noise(label, run)
+                    if run["messages"] != written.changes:
+                        self.warnings.append(f"{label}: the stream holds {run['messages']:,} messages for "
+                                             f"{written.changes:,} changes")
+                    _say(f"{label}: {run['changes_per_s']:,} changes/s, {run['cpu_us_per_change']} µs/change")
+                    result["r3"] = run
+                finally:
+                    js.close()
+            return result
+        finally:
+            drop_database(self.pg.dsn(), database)
+
     def latency(self) -> dict[str, Any]:
         o = self.options
         phases = [Phase(f"{int(r)}/s", int(r), o.latency_seconds) for r in o.rates.split(",") if r]
@@ -394,6 +432,8 @@ def run(options: Options, out_dir: Path) -> int:
                     results["latency"] = suite.latency()
                 if o.runs("twodb"):
                     results["two_databases"] = suite.two_databases()
+                if o.runs("cluster"):
+                    results["cluster"] = suite.cluster()
                 if o.runs("backfill"):
                     results["backfill"] = {
                         name: suite.backfill(name, pad) for name, pad in (("backfill-100B", o.pad),

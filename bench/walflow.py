@@ -80,6 +80,9 @@ class Target:
     nats_port: int
     stream: str
     subject_prefix: str
+    #: Several servers (a cluster's nodes) instead of nats_host/nats_port; the stream's replicas.
+    servers: tuple[str, ...] = ()
+    replicas: int = 1
 
 
 #: The environment variable each process's health port comes from (``${…}`` in the config).
@@ -167,11 +170,10 @@ def write_config(
                 "initial_backfill": initial_backfill,
                 "destination": {
                     "type": "nats",
-                    "host": t.nats_host,
-                    "port": t.nats_port,
+                    **({"servers": list(t.servers)} if t.servers else {"host": t.nats_host, "port": t.nats_port}),
                     "subject_prefix": t.subject_prefix,
                     "confirm_delay_ms": 0,
-                    "stream": {"name": t.stream, "create_if_not_exists": True},
+                    "stream": {"name": t.stream, "create_if_not_exists": True, "replicas": t.replicas},
                 },
                 **(copy.deepcopy(shaping.sink) if shaping is not None else {}),
             }

@@ -199,10 +199,12 @@ class PublishRefused(PublishError, FatalError):
 
 
 class NoStreamError(PublishFailed):
-    """No stream captures the subject (JetStream's 503 "no responders"): set it up again, re-send."""
+    """Nothing answered the publish (JetStream's 503 "no responders"): the stream has no leader (a
+    cluster's election) or no stream captures the subject. The sink finds out which
+    (``connectors/nats/target.py``): it waits for the leader, or sets the stream up again; then re-sends."""
 
     def __init__(self, subject: str) -> None:
-        super().__init__(f"no stream captures subject {subject}", "503")
+        super().__init__(f"no responders on {subject}: the stream has no leader (an election) or is gone", "503")
 
 
 class RestartRequired(WalflowError):

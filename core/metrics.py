@@ -260,9 +260,21 @@ class Metrics:
             ["sink", "reason"], registry=r)
         self.publish_failures = Counter(
             "walflow_publish_failures_total",
-            "Error acknowledgements from JetStream, by its error code (503: no stream captures the subject); "
+            "Error acknowledgements from JetStream, by its error code (503: no responders, the stream has no leader "
+            "during an election or no stream captures the subject); "
             "a 4xx other than 408, 409, 429 stops the pipeline.",
             ["sink", "code"], registry=r)
+
+        self.stream_leaderless = Histogram(
+            "walflow_stream_leaderless_seconds",
+            "How long a sink's stream was without a leader (a JetStream cluster's election): from walflow finding "
+            "its publishes unanswered (503 no responders) or the stream not answering a re-send's check to the "
+            "stream answering with a leader again.",
+            ["sink"], buckets=LATENCY_BUCKETS, registry=r)
+        self.nats_connected = Gauge(
+            "walflow_nats_connected",
+            "1 for the NATS server a connection (walflow:<sink>) is connected to, 0 for one it lost.",
+            ["connection", "server"], registry=r)
 
         # -- the slot ---------------------------------------------------------------------
         self.slot_lag = Gauge(

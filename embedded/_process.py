@@ -283,10 +283,22 @@ class EmbeddedServer:
         return self
 
     def _start_once(self, timeout: float) -> None:
+        self.launch()
+        self.await_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process on the ports already picked, without waiting for it: for servers that
+        become ready only together (the nodes of a NATS cluster: :meth:`await_ready` after all)."""
+        if self.base is None:
+            self._prepare()
         assert self.base is not None
         self._process = ServerProcess(self._argv(), log_path=self.base / f"{self.name}.log", cwd=self.base,
                                       account=self.account)
         self._process.start()
+
+    def await_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the launched server answers; kill it and raise if it does not in time."""
+        assert self._process is not None
         try:
             wait_for(self._ready, timeout=timeout, what=f"{self.name} to become ready",
                      check=self._process.check_running)

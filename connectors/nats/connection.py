@@ -13,7 +13,9 @@ recorded on the client, and :func:`permission_error` turns the failure that foll
 a :class:`~core.errors.NatsPermissionError` naming what to grant.
 
 Every lost connection, and every failed first connect, counts in ``walflow_reconnects_total``
-(``component="nats"``), its cause the last error nats-py reported before it.
+(``component="nats"``), its cause the last error nats-py reported before it. With several
+servers (a cluster) the log names the one lost and the one reconnected to, and
+``walflow_nats_connected`` says which one each connection is on.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ _CREDS_TEMPLATE = (
 )
 
 
-class _RateLimitedLog:
+#: Seconds between the client's pings: a hung server is left after about three of them.
+PING_INTERVAL = 5
+
+
+class RateLimitedLog:
     """nats-py reports an outage about twice a second: say it once every ``every`` seconds."""
 
     def __init__(self, every: float = 30.0) -> None:
@@ -65,6 +71,11 @@ def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
         "reconnect_time_wait": 1,
         "pending_size": 0,
         "connect_timeout": 5,
+        # A server that hangs (SIGSTOP, a frozen VM) keeps its socket open: unanswered pings are
+        # how the client finds out and moves to another server. nats-py's default (2 unanswered
+        # pings 2 minutes apart) would keep a sink on a dead cluster node for 4 minutes.
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": 2,
     }
     if dest.username is not None and dest.password is not None:
         options["user"] = dest.username
@@ -88,6 +99,12 @@ def _disconnect_cause(exc: BaseException | None) -> str:
     if isinstance(exc, OSError):
         return "network"
     return "disconnected"  # nats-py reports no error for unanswered pings or a protocol error
+
+
+def _netloc(client: WalflowClient | None) -> str:
+    """``nats://host:port`` of the server ``client`` is connected to ("" while it is not)."""
+    url = client.connected_url if client is not None else None
+    return f"{url.scheme}://{url.netloc}" if url is not None else ""
 
 
 def sorted_as(exc: BaseException) -> type[WalflowError]:
@@ -132,11 +149,15 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
 
     Raises :class:`NatsAuthError` if the server refuses the credentials. ``metrics``: the
     process's, which count reconnects (else nobody's)."""
-    warn = _RateLimitedLog()
+    warn = RateLimitedLog()
     options = connect_options(dest, name)
     servers = ", ".join(dest.server_urls)
     connecting = True
-    reconnects = (metrics or Metrics()).reconnects
+    metrics = metrics or Metrics()
+    reconnects, connected = metrics.reconnects, metrics.nats_connected
+    several = len(dest.server_urls) > 1
+    on = ""  # the server the client is (or was last) connected to
+    lost_at = time.monotonic()
     last_error: Exception | None = None  # what nats-py reported last: the cause of a disconnect
 
     async def on_error(exc: Exception) -> None:
@@ -150,21 +171,31 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
                 client.permission_violation = str(exc)
             warn("permission", "NATS at %s: %s", servers, exc)
             return
-        warn("error", "cannot reach NATS at %s (%s); retrying", servers, exc)
+        if several and isinstance(exc, nats.errors.UnexpectedEOF):
+            return  # the server closed the connection: the disconnect's line names it
+        if several:  # one server that fails is not all of them: nats-py tries the next
+            warn("error", "NATS connection %s: a server failed (%s); trying the others of %s", name, exc, servers)
+        else:
+            warn("error", "cannot reach NATS at %s (%s); retrying", servers, exc)
 
     async def on_disconnect() -> None:
-        nonlocal last_error
-        warn("disconnect", "NATS disconnected (%s); reconnecting", name)
+        nonlocal last_error, lost_at
         if client is not None and not client.is_closed:  # closing calls this too
+            lost_at = time.monotonic()
+            warn("disconnect", "NATS connection %s to %s lost (%s); reconnecting%s", name, on, last_error or "no error",
+                 " to any of " + servers if several else "")
             reconnects.labels("nats", _disconnect_cause(last_error)).inc()
+            connected.labels(name, on).set(0)
         last_error = None
         if client is not None:
             client.drop_pending()
 
     async def on_reconnect() -> None:
-        nonlocal last_error
+        nonlocal last_error, on
         last_error = None  # the failed attempts' errors are not the next disconnect's cause
-        log.info("NATS reconnected (%s)", name)
+        on = _netloc(client)
+        connected.labels(name, on).set(1)
+        log.info("NATS connection %s reconnected to %s after %.1fs", name, on, time.monotonic() - lost_at)
 
     client: WalflowClient | None = None
     delay = 0.5
@@ -175,6 +206,10 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
                 **options, error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect
             )
             connecting = False
+            on = _netloc(client)
+            connected.labels(name, on).set(1)
+            if several:
+                log.info("NATS connection %s connected to %s (of %s)", name, on, servers)
             return client
         except (_Refused, TimeoutError, OSError, nats.errors.Error) as exc:
             if isinstance(exc, _Refused) or sorted_as(exc) is NatsAuthError:

@@ -8,8 +8,10 @@ replay must not publish again, and the horizon the source must not confirm up to
 sink's partitions in this process share the target; nothing is process-global.
 
 After that it keeps both current: a connection nats-py closed for good is opened again (the
-stream and the clash check with it, not the scan), and a stream that vanished ("no
-responders") is set up again, so late re-sends read the stream the sink publishes into.
+stream and the clash check with it, not the scan). Publishes that come back "no responders"
+mean the stream has no leader (a cluster's election: waited for, its length logged and in
+``walflow_stream_leaderless_seconds``) or it vanished (set up again), so late re-sends read
+the stream the sink publishes into.
 
 ``scanned`` is what the scan and late re-sends read: the sink's own ``<prefix>.<database>.>``,
 or the whole stream when routing may publish outside it (:func:`transforms.route.replay_subjects`).
@@ -19,12 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from nats.errors import NoRespondersError, OutboundBufferLimitError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
+
 from config.schema import SinkConfig
 from connectors.nats.clashes import check_sequin_ids
-from connectors.nats.connection import connect, permission_error
+from connectors.nats.connection import RateLimitedLog, connect, permission_error
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.regression import Acked, AckTimes, Regression, look
 from connectors.nats.replay import already_published, horizon, ids_since
@@ -34,6 +41,14 @@ from core.ids import IdScheme
 from core.runtime import Runtime
 
 log = logging.getLogger("walflow.nats")
+
+#: What a JetStream API request meets while the stream has no leader to answer it, or while the
+#: connection is between servers (nats-py refuses to buffer a request then: ``pending_size`` 0).
+UNANSWERED = (NatsTimeoutError, NoRespondersError, ServiceUnavailableError, OutboundBufferLimitError)
+
+#: How long one :meth:`SinkTarget.stream_again` waits for the stream to have a leader (an election
+#: takes a few seconds) before the publisher re-sends anyway and asks again.
+LEADER_WAIT = 30.0
 
 
 class SinkTarget:
@@ -56,6 +71,11 @@ class SinkTarget:
         self._nc = nc
         self._stream = stream
         self._lock = asyncio.Lock()  # on the runtime's loop: partitions connect from several workers
+        self._leader_lock = asyncio.Lock()
+        #: Since when publishes went unanswered for want of a leader (None: the stream answers).
+        self._leaderless_since: float | None = None
+        self._elected_at = -LEADER_WAIT  # when the stream last had a leader again after an election
+        self._warn = RateLimitedLog(every=10.0)
 
     @classmethod
     def prepare(cls, sink: SinkConfig, database: str, runtime: Runtime, *, replay_from: int, scanned: str,
@@ -101,8 +121,67 @@ class SinkTarget:
             return self._nc
 
     async def stream_again(self) -> None:
-        """The stream vanished while running (JetStream answered "no responders"): set it up again."""
-        self._stream = await ensure_stream(await self.connection(), self.sink.destination, self.database)
+        """Publishes came back "no responders" (JetStream's 503): the stream has no leader (a
+        cluster's election) or it vanished. Wait a while for a leader, or set the stream up again."""
+        async with self._leader_lock:  # the sink's partitions in this process ask at once: one looks
+            if self._leaderless_since is None:
+                self._leaderless_since = time.monotonic()
+            await self._await_leader()
+
+    async def _await_leader(self) -> None:
+        """Ask the stream (``STREAM.INFO``, answered by its leader) until it answers, up to
+        :data:`LEADER_WAIT` seconds; set it up again if JetStream says it does not exist."""
+        name, delay, waited = self._stream.name, 0.1, False
+        deadline = time.monotonic() + LEADER_WAIT
+        while True:
+            nc = await self.connection()
+            if not nc.is_connected:  # between servers: the connection's own lines say so
+                if time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            try:
+                info = await nc.jetstream(timeout=2.0).stream_info(name)
+            except NotFoundError:
+                log.warning("%s: stream '%s' no longer exists; setting it up again", self.sink.name, name)
+                self._stream = await ensure_stream(nc, self.sink.destination, self.database)
+                self._leaderless_since = None
+                return
+            except UNANSWERED as exc:  # no leader to answer (or the connection dropped meanwhile)
+                self._warn("leader", "%s: stream '%s' has no leader (election under way: %s); waiting for one "
+                           "before re-sending", self.sink.name, name, type(exc).__name__)
+            else:
+                leader = info.cluster.leader if info.cluster is not None else None
+                if leader or info.cluster is None:  # a single server's stream has no cluster info
+                    # it answers: set it up again all the same (its subjects may have lost the sink's)
+                    self._stream = await ensure_stream(nc, self.sink.destination, self.database)
+                    if info.cluster is None:  # one server: no election to speak of
+                        self._leaderless_since = None
+                    else:
+                        self._elected(name, leader, waited)
+                    return
+                self._warn("leader", "%s: stream '%s' has no leader (election under way); waiting for one "
+                           "before re-sending", self.sink.name, name)
+            waited = True
+            if time.monotonic() >= deadline:
+                return  # the publisher re-sends, and asks again if nothing answers
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _elected(self, name: str, leader: str | None, waited: bool) -> None:
+        """The stream answered again: how long it was without a leader, in the log and the metrics.
+
+        Partitions that report their publishes of the same election later find the leader at
+        once: not another election (nothing logged nor observed)."""
+        since, self._leaderless_since = self._leaderless_since, None
+        now = time.monotonic()
+        if since is None or (not waited and now - self._elected_at < LEADER_WAIT):
+            return
+        self._elected_at = now
+        self.runtime.metrics.stream_leaderless.labels(self.sink.name).observe(now - since)
+        log.info("%s: stream '%s' has a leader again (%s) after %.1fs without one; re-sending",
+                 self.sink.name, name, leader or "its server", now - since)
 
     async def look(self, acked: Acked, ack_times: AckTimes) -> tuple[Regression | None, str | None]:
         """Whether the stream still holds ``acked`` (``regression.py``): what a publisher asks
@@ -113,8 +192,23 @@ class SinkTarget:
                               self.sink.destination.confirm_delay_ms / 1000)
 
     async def stored_since(self, seq: int) -> set[str]:
-        """The ids in the stream on :attr:`scanned` from sequence ``seq`` on: what a late re-send checks."""
-        return await ids_since(await self.connection(), self._stream.name, self.scanned, seq)
+        """The ids in the stream on :attr:`scanned` from sequence ``seq`` on: what a late re-send checks.
+
+        Waits while the stream cannot answer (no leader during an election): re-sending without
+        knowing what it holds could store a message twice."""
+        delay = 0.5
+        while True:
+            try:
+                return await ids_since(await self.connection(), self._stream.name, self.scanned, seq)
+            except UNANSWERED as exc:
+                self._warn("read", "%s: cannot read stream '%s' yet (%s); waiting for it before re-sending",
+                           self.sink.name, self._stream.name, type(exc).__name__)
+            async with self._leader_lock:
+                if self._leaderless_since is None:
+                    self._leaderless_since = time.monotonic()
+                await self._await_leader()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def close(self) -> None:
         self.runtime.run(self._nc.close())

@@ -76,7 +76,8 @@ def test_a_publish_error_is_sorted_by_code_then_class(code: int, kind: type[Publ
 
 def test_no_stream_is_retried_under_jetstreams_503() -> None:
     error = NoStreamError("wf.app.public.t.insert")
-    assert (error.retryable, error.code, str(error)) == (True, "503", "no stream captures subject wf.app.public.t.insert")
+    assert (error.retryable, error.code, str(error)) == (
+        True, "503", "no responders on wf.app.public.t.insert: the stream has no leader (an election) or is gone")
 
 
 @pytest.mark.parametrize(("code", "err_code", "outcome"), [

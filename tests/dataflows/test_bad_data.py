@@ -42,5 +42,5 @@ def test_a_stream_deleted_while_running_is_created_again(
                  check=lambda: assert_running(proc))
         log = proc.log_tail(100)
     assert [e.event["record"]["id"] for e in stored(nats_srv.url, names.stream)] == [2]
-    assert "no stream captures subject" in log
+    assert f"stream '{names.stream}' no longer exists; setting it up again" in log
 

@@ -24,4 +24,6 @@ METRICS = {
     "walflow_backfill_chunks_total": "counter",
     "walflow_ignored_messages_total": "counter",
     "walflow_stream_regressions_total": "counter",
+    "walflow_stream_leaderless_seconds": "histogram",
+    "walflow_nats_connected": "gauge",
 }
