@@ -41,15 +41,17 @@ def cluster_destination(nodes: NatsCluster) -> dict[str, Any]:
     return {"host": None, "servers": nodes.urls}
 
 
-def setup_counters(db: Database, names: TestNames, nodes: NatsCluster, tmp_path: Path, **walflow: Any) -> Path:
+def setup_counters(db: Database, names: TestNames, nodes: NatsCluster, tmp_path: Path, duplicate_window_ms: int = 1000,
+                   **walflow: Any) -> Path:
     """Create ``counters (id int PRIMARY KEY, v int, payload text)`` and its publication; write a
-    config with one sink ``c`` to an R3 stream on ``nodes``. Returns the config's path."""
+    config with one sink ``c`` to an R3 stream on ``nodes`` (a duplicate window of 1 s unless
+    given). Returns the config's path."""
     with db.connect() as conn:
         conn.execute("CREATE TABLE counters (id int PRIMARY KEY, v int NOT NULL, payload text)")
         conn.execute(f"CREATE PUBLICATION {names.publication} FOR TABLE counters")
     sink = {"name": "c", "destination": {**cluster_destination(nodes), "subject_prefix": names.subject_prefix,
                                          "stream": {"name": names.stream, "replicas": 3,
-                                                    "duplicate_window_ms": 1000}}}
+                                                    "duplicate_window_ms": duplicate_window_ms}}}
     return write_config(tmp_path, db, nodes.nodes[0], names, [sink], **walflow)
 
 
