@@ -142,7 +142,10 @@ class AckPublisher:
         self._waiting: dict[int, _InFlight] = {}
         #: Each row's message in flight (by :attr:`core.events.Message.row`), until it is stored.
         self._rows: dict[int, _InFlight] = {}
-        self._blocker: _InFlight | None = None  # the message in flight that the next one waits for
+        #: Messages held back, in order, because their row has a message in flight (or held):
+        #: sent once it is stored. They count against the window.
+        self._held: list[_InFlight] = []
+        self._held_rows: dict[int, int] = {}
         self._inflight: deque[_InFlight] = deque()
         self._sid: int | None = None
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
@@ -188,11 +191,13 @@ class AckPublisher:
         if self._looked is None or self._looked[0] != self._nc.stats["reconnects"]:
             await self._look_again()  # a stream a new connection finds may have gone back
         while sent < len(messages):
+            if self._held:
+                await self._send_held()
             if self._inflight and (
                 self._failed or not self._nc.is_connected or self._nc.stats["reconnects"] != self._generation
             ):
                 await self.settle()
-            room = self._window - len(self._inflight)
+            room = self._window - len(self._inflight) - len(self._held)
             if room <= 0:
                 waiting_since = time.monotonic()
                 await self._make_room()
@@ -201,7 +206,7 @@ class AckPublisher:
             floor = self.last_seq
             chunk = [_InFlight(message, now, floor) for message in messages[sent : sent + room]]
             sent += len(chunk)
-            if not await self._send_in_order(chunk):  # not all of it went out: settle before anything newer
+            if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
 
     async def settle(self) -> None:
@@ -253,7 +258,9 @@ class AckPublisher:
 
     async def _settle(self) -> None:
         delay = 0.1
-        while self._inflight:
+        while self._inflight or self._held:
+            if self._held:
+                await self._send_held()  # what did not go out is in the window as failed: this round sees it
             self._generation = self._nc.stats["reconnects"]
             batch = list(self._inflight)
             self._inflight.clear()
@@ -298,7 +305,7 @@ class AckPublisher:
             for why, n in retries.items():
                 self._metrics.publish_retries.labels(self._sink, why).inc(n)
             if not failed:
-                return
+                continue  # held messages, if any, go out now that their rows' are stored
             log.warning("%s: %d message(s) not stored (%s); re-sending in order", self._label, len(failed), reason)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -320,10 +327,14 @@ class AckPublisher:
                 await self._look_again()  # before a re-send: the stream may have gone back meanwhile
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
-            await self._send_in_order([replace(old, seq=0, error=None) for old in failed])
+            # ahead of the held ones: they are older than any held message of their row
+            self._held[:0] = [replace(old, seq=0, error=None) for old in failed]
+            await self._send_held()
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
+        if not self._inflight:
+            return  # only held messages: the caller sends them
         target = self._inflight[min(len(self._inflight) - 1, self._window // _REFILL)]
         if not target.done and not await self._until_done(target, self._ack_timeout):
             await self.settle()
@@ -368,32 +379,22 @@ class AckPublisher:
         finally:
             self._wake = None
 
-    async def _send_in_order(self, entries: list[_InFlight]) -> bool:
-        """Send ``entries`` in order, waiting whenever the next one's row already has a message
-        in flight until that one is stored: two messages of a row are never in flight at once, so
-        JetStream cannot drop the earlier (a leader change) and store the later. False: not all
-        went out — :meth:`settle` must run before anything newer; those not sent are in the
-        window as failed, to be re-sent in order."""
-        while entries:
-            taken, sent = await self._send(entries)
-            entries = entries[taken:]
-            if not entries:
-                return sent
-            blocker = self._blocker
-            if not sent or blocker is None or not await self._until_done(blocker, self._ack_timeout) or blocker.error:
-                for entry in entries:
-                    entry.error = PublishFailed("not sent: an earlier message of its row was not stored yet")
-                self._inflight.extend(entries)
-                return False
-        return True
+    async def _send_held(self) -> bool:
+        """Send the held messages whose row has none in flight any more (the others stay held,
+        in order). False: not all that went out were written (settle)."""
+        held, self._held = self._held, []
+        self._held_rows.clear()
+        return await self._send(held)
 
-    async def _send(self, entries: list[_InFlight]) -> tuple[int, bool]:
-        """Put ``entries`` in the window and write them to the socket as one block of commands,
-        up to one whose row has a message in flight (:attr:`_blocker` is that message).
+    async def _send(self, entries: list[_InFlight]) -> bool:
+        """Put ``entries`` in the window and write them to the socket as one block of commands;
+        one whose row has a message in flight is held back instead (two of a row are never in
+        flight at once, so JetStream cannot drop the earlier — a leader change — and store the
+        later), and so is every later one of that row.
 
-        Returns how many were put in the window, and False if not all of those went out (their
-        ``error`` says why; nothing after a message that cannot be sent at all is sent):
-        :meth:`settle` must run before anything newer, and re-sends the retryable ones in order."""
+        Returns False if not all of those put in the window went out (their ``error`` says why;
+        nothing after a message that cannot be sent at all is sent): :meth:`settle` must run
+        before anything newer, and re-sends the retryable ones in order."""
         nc = self._nc
         if not nc.is_connected:
             self._inflight.extend(entries)
@@ -401,21 +402,22 @@ class AckPublisher:
             for entry in entries:
                 entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
                                else PublishFailed("NATS is disconnected"))
-            return len(entries), not entries
+            return not entries
         self._sent_on = nc.stats["reconnects"]
         commands, taken = self._commands(entries, nc.max_payload)
         if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
             for entry in entries[: len(commands)]:
                 entry.error = PublishFailed("NATS is disconnected")
-            return taken, False
-        return taken, len(commands) == taken
+            return False
+        return len(commands) == taken
 
     def _commands(self, entries: list[_InFlight], max_payload: int) -> tuple[list[bytes], int]:
         """The ``HPUB`` commands of ``entries``, each put in the window as it is written, up to one
-        too large to send (its ``error`` says so; nothing after it is sent, nor put in the window)
-        or one whose row has a message in flight (it is not put in the window). Returns the
-        commands and how many entries were put in the window. This runs for every message."""
+        too large to send (its ``error`` says so; nothing after it is sent, nor put in the window);
+        one whose row has a message in flight or held is held instead. Returns the commands and how
+        many entries were put in the window. This runs for every message."""
         prefix, waiting, token, rows = self._reply_prefix, self._waiting, self._token, self._rows
+        held, held_rows = self._held, self._held_rows
         commands: list[bytes] = []
         append, inflight = commands.append, self._inflight
         taken = 0
@@ -423,10 +425,10 @@ class AckPublisher:
             message = entry.message
             row = message.row
             if row:
-                held = rows.get(row)
-                if held is not None:
-                    self._blocker = held
-                    break
+                if row in rows or row in held_rows:
+                    held.append(entry)
+                    held_rows[row] = held_rows.get(row, 0) + 1
+                    continue
                 rows[row] = entry
             inflight.append(entry)
             taken += 1
