@@ -13,7 +13,10 @@ nothing here computes a subject. Messages go out in order on one connection, so 
 stores them in order. When any fails (no ack within ``ack_timeout``, a disconnect, a
 :class:`core.errors.PublishFailed`), :meth:`AckPublisher.settle` waits for the rest of the
 window and re-sends the failed ones in their original order, with backoff; their
-``Nats-Msg-Id`` makes one stored after all a duplicate JetStream drops. A
+``Nats-Msg-Id`` makes one stored after all a duplicate JetStream drops. Two messages of one
+row (:attr:`core.events.Message.row`) are never in flight at once: the later is held back and
+sent once the earlier is stored, so a leader change cannot drop one and store the next
+(``docs/design.md``, *the row fence*). A
 :class:`core.errors.PublishRefused` stops the flow (:class:`core.errors.PermanentPublishError`);
 which ack codes are which is :data:`core.errors.JETSTREAM_PUBLISH`'s to say. A message over
 the server's ``max_payload`` is refused before it is sent: the invariant behind render's size
@@ -146,6 +149,9 @@ class AckPublisher:
         #: sent once it is stored. They count against the window.
         self._held: list[_InFlight] = []
         self._held_rows: dict[int, int] = {}
+        #: A release of held messages is scheduled (an ack freed a row of theirs), and the task.
+        self._release: asyncio.Task[None] | None = None
+        self._settling = False  # settle re-sends failures ahead of held messages: no release meanwhile
         self._inflight: deque[_InFlight] = deque()
         self._sid: int | None = None
         self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
@@ -257,6 +263,13 @@ class AckPublisher:
         self._latency.flush()
 
     async def _settle(self) -> None:
+        self._settling = True
+        try:
+            await self._settle_rounds()
+        finally:
+            self._settling = False
+
+    async def _settle_rounds(self) -> None:
         delay = 0.1
         while self._inflight or self._held:
             if self._held:
@@ -379,6 +392,15 @@ class AckPublisher:
         finally:
             self._wake = None
 
+    async def _release_held(self) -> None:
+        """Send the held messages an ack freed, between batches (a write or a snapshot may be a
+        second away); a failure is the next :meth:`publish` or :meth:`settle`'s to handle."""
+        try:
+            if self._held and not self._settling:
+                await self._send_held()
+        finally:
+            self._release = None
+
     async def _send_held(self) -> bool:
         """Send the held messages whose row has none in flight any more (the others stay held,
         in order). False: not all that went out were written (settle)."""
@@ -469,8 +491,11 @@ class AckPublisher:
         if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
             message = entry.message
-            if message.row and self._rows.get(message.row) is entry:
-                del self._rows[message.row]  # the row's next message may go
+            row = message.row
+            if row and self._rows.get(row) is entry:
+                del self._rows[row]  # the row's next message may go: now, not at the next batch
+                if row in self._held_rows and self._release is None and not self._settling:
+                    self._release = asyncio.get_running_loop().create_task(self._release_held())
             self._acked[message.labels] += 1
             if committed := message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)
