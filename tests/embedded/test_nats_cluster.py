@@ -47,6 +47,7 @@ def test_a_cluster_elects_leaders_and_survives_a_node_killed_paused_and_restarte
         assert other.monitor("jsz") is None  # a paused node answers nothing
         other.resume()
         nodes.restart(other)
+        nodes.wait_for_stream_leader("R3")  # an election may follow the restart (under load, longer than 10 s)
         assert asyncio.run(_r3_stream(nodes.urls, 0)) == 15
         bases = [node.base for node in nodes.nodes]
     assert not any(base is not None and base.exists() for base in bases)
