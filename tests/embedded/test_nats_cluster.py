@@ -4,13 +4,27 @@ a node killed, paused and restarted with its store, nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats
 import pytest
-from nats.js.api import StreamConfig
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig, StreamInfo
 
 from embedded import wait_for
 from embedded.nats import NatsCluster
+
+
+async def _info(js: JetStreamContext) -> StreamInfo:
+    """The stream's info; a request that meets a cluster still settling after a restart (its
+    routes, its leader) is asked again, for up to a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return await js.stream_info("R3")
+        except nats.errors.TimeoutError:
+            if time.monotonic() > deadline:
+                raise
 
 
 async def _r3_stream(urls: list[str], publishes: int) -> int:
@@ -18,12 +32,12 @@ async def _r3_stream(urls: list[str], publishes: int) -> int:
     try:
         js = nc.jetstream(timeout=10)
         try:
-            await js.stream_info("R3")
+            await _info(js)
         except nats.js.errors.NotFoundError:
             await js.add_stream(StreamConfig(name="R3", subjects=["r3.>"], num_replicas=3))
         for i in range(publishes):
             await js.publish("r3.x", str(i).encode())
-        info = await js.stream_info("R3")
+        info = await _info(js)
         return int(info.state.messages)
     finally:
         await nc.close()
