@@ -516,6 +516,16 @@ class SinkConfig(Section):
     #: Where ``on_error: dead_letter`` publishes (the placeholders of ``routing.subject``,
     #: without the row's values); the stream must capture it.
     dead_letter_subject: str = "{prefix}.{database}.dead_letter"
+    #: How a transaction's changes reach the stream: ``none``, each message on its own (as
+    #: Sequin); ``atomic``, as JetStream atomic batches, so a reader sees all of a transaction
+    #: or none of it (the README's "Transactions"). Needs nats-server 2.12 or later.
+    transactions: Literal["none", "atomic"] = "none"
+    #: A BEGIN and an END event (``<prefix>.<database>._transaction.begin``/``.end``) around
+    #: each transaction the sink publishes anything of, in stream order, with Debezium's fields.
+    transaction_markers: bool = False
+    #: An event on ``<prefix>.<database>.<schema>.<table>.schema`` when a published table's
+    #: columns, types, key or replica identity change, stored before its first change of the new shape.
+    schema_events: bool = False
     destination: Destination
 
     @field_validator("actions")
@@ -561,6 +571,9 @@ class SinkConfig(Section):
             raise ValueError("group columns are set but message_grouping is false: remove one of them")
         if self.filters and self.table is None:
             raise ValueError("filters at sink level needs table: (or use tables: [{name, filters}])")
+        if self.in_commit_order and "partition_count" in self.model_fields_set and self.partition_count > 1:
+            raise ValueError("transactions: atomic and transaction_markers publish the sink's transactions in commit "
+                             "order, from one partition: remove partition_count (or set it to 1)")
         names = [t.name for t in self.tables]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -571,6 +584,17 @@ class SinkConfig(Section):
     @property
     def enabled(self) -> bool:
         return self.status == "active"
+
+    @property
+    def in_commit_order(self) -> bool:
+        """The sink publishes whole transactions in commit order (atomic batches, or markers
+        around them): from one partition, since two partitions' messages interleave freely."""
+        return self.transactions == "atomic" or self.transaction_markers
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the sink publishes from: 1 in commit order, else ``partition_count``."""
+        return 1 if self.in_commit_order else self.partition_count
 
     def reads(self, schema: str, qualified: str) -> bool:
         """Whether the sink's ``source:`` rules and its legacy ``table:`` admit the table

@@ -289,6 +289,7 @@ class Message:
         #: The row it is a change of, as the slot's worker named it (a hash of its group key; 0:
         #: none): the publisher never has two messages of one row in flight at once, so none can
         #: be stored ahead of an earlier one JetStream dropped (``connectors/nats/publisher.py``).
+        #: :data:`BARRIER`: stored after everything before it and before anything after it.
         self.row = 0
 
     def __eq__(self, other: object) -> bool:
@@ -301,6 +302,11 @@ class Message:
         return (f"Message({self.subject!r}, {len(self.payload)} bytes, {self.msg_id!r}, {self.labels!r}, "
                 f"{self.commit_ts!r}, {self.headers!r})")
 
+
+#: The :attr:`Message.row` of a message that is ordered against every other message of its
+#: partition, not only its row's: a transaction's BEGIN and END markers, a schema event. No
+#: group key's hash is this (Python's ``hash`` is a signed 64-bit value).
+BARRIER: Final = 1 << 64
 
 #: What :meth:`Message.__eq__` compares.
 _PUBLISHED: Final = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")

@@ -55,7 +55,7 @@ class Dispatch:
     def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS) -> None:
         self._filter = SinkFilter(sink, metrics)
         self._key = GroupKey(sink)
-        self._keys = tuple(str(i) for i in range(sink.partition_count))
+        self._keys = tuple(str(i) for i in range(sink.partitions))
         self._max_versions = max_versions
         #: uid of a table version → its lineage and the partitions that have its description,
         #: oldest first.

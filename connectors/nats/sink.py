@@ -24,7 +24,7 @@ from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.target import SinkTarget
-from core.events import Message
+from core.events import BARRIER, Message
 from core.runtime import Runtime
 from core.threads import keep_thread_state
 
@@ -48,8 +48,11 @@ RenderFactory = Callable[[], Render]
 
 class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
     def __init__(self, publisher: AckPublisher, nc: WalflowClient, label: str, runtime: Runtime,
-                 render: Render | None) -> None:
+                 render: Render | None, barriers: bool = False) -> None:
+        """``barriers``: render may make :data:`~core.events.BARRIER` messages (markers, schema
+        events); without, no message is looked at here."""
         self._publisher = publisher
+        self._barriers = barriers
         self._nc = nc
         self._label = label
         self._runtime = runtime
@@ -58,7 +61,22 @@ class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
     def write_batch(self, items: list[Any]) -> None:
         with self._runtime.guard(f"{self._label}: publishing"):
             messages = items if self._render is None else self._render(items, payload_room(self._nc.max_payload))
-            self._runtime.run(self._publisher.publish(messages))
+            self._runtime.run(self._publish(messages) if self._barriers else self._publisher.publish(messages))
+
+    async def _publish(self, messages: list[Message]) -> None:
+        """Publish ``messages``; a :data:`~core.events.BARRIER` one only once all before it are
+        stored, and nothing after it until it is: a barrier is rare (a transaction's markers, a
+        schema event), and two settles order it against everything without the publisher's
+        window knowing about it."""
+        publisher, start = self._publisher, 0
+        for i, message in enumerate(messages):
+            if message.row == BARRIER:
+                await publisher.publish(messages[start:i])
+                await publisher.settle()
+                await publisher.publish([message])
+                await publisher.settle()
+                start = i + 1
+        await publisher.publish(messages[start:] if start else messages)
 
     def snapshot(self) -> SinkState:
         with self._runtime.guard(f"{self._label}: publishing"):
@@ -96,7 +114,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         if not self._publishes:
             return []  # Bytewax gives a partition only to a worker that lists it
         sink = self._target.sink
-        return [f"{sink.name}-{i}" for i in range(sink.partition_count)]
+        return [f"{sink.name}-{i}" for i in range(sink.partitions)]
 
     def part_fn(self, item_key: str) -> int:
         return int(item_key)  # the partition's index, chosen by the dispatch step
@@ -123,4 +141,5 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
             runtime.run(publisher.start())
             if resume_state and "last_id" in resume_state and runtime.restarted is None:
                 publisher.last_seq, publisher.last_id = resume_state["last_seq"], resume_state["last_id"]
-            return JetStreamPartition(publisher, nc, for_part, runtime, None if self._render is None else self._render())
+            return JetStreamPartition(publisher, nc, for_part, runtime, None if self._render is None else self._render(),
+                                      barriers=target.sink.transaction_markers or target.sink.schema_events)

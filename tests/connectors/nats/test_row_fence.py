@@ -14,7 +14,9 @@ import re
 from collections.abc import Callable
 
 from connectors.nats.publisher import AckPublisher
-from core.events import Message
+from connectors.nats.sink import JetStreamPartition
+from core.events import BARRIER, Message
+from core.runtime import Runtime
 
 _HPUB = re.compile(rb"HPUB (\S+) (\S+) \d+ \d+\r\nNATS/1.0\r\nNats-Msg-Id: (\S+)\r\n")
 
@@ -92,3 +94,17 @@ def test_a_row_changed_many_times_in_a_row_keeps_its_order_through_refusals() ->
     messages = [_message(f"r{i}", 7) for i in range(6)]
     nc = _publish({"r0", "r3"}, messages)
     assert nc.stored == [f"r{i}" for i in range(6)]
+
+
+def test_a_barrier_is_stored_after_everything_before_it_and_before_everything_after() -> None:
+    # the marker (a BARRIER) is refused once: the message after it, of another row, must wait
+    # for its re-send, and the one before it must be stored first
+    nc = _Scripted({"end"})
+    runtime = Runtime()
+    publisher = AckPublisher(nc, window=1024, ack_timeout=5, label="t-0")  # type: ignore[arg-type]
+    runtime.run(publisher.start())
+    partition = JetStreamPartition(publisher, nc, "t-0", runtime, None, barriers=True)  # type: ignore[arg-type]
+    partition.write_batch([_message("a1", 1), _message("end", BARRIER), _message("b1", 2)])
+    partition.snapshot()
+    assert nc.stored == ["a1", "end", "b1"]
+    assert nc.written == ["a1", "end", "end", "b1"]  # b1 went out only once the marker was stored
