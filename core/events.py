@@ -308,6 +308,11 @@ class Message:
 #: group key's hash is this (Python's ``hash`` is a signed 64-bit value).
 BARRIER: Final = 1 << 64
 
+#: In a render's output for a sink with ``transactions: atomic``: the messages since the last
+#: one (or since the start) are one unit, visible in the stream all at once — a transaction's
+#: at its COMMIT, a backfill's read alone. The atomic publisher reads it; it is never published.
+TRANSACTION_END: Final = Message(b"", b"", "", ("", ""))
+
 #: What :meth:`Message.__eq__` compares.
 _PUBLISHED: Final = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
 

@@ -14,7 +14,11 @@ The items on the way to one sink partition, told apart by their first element:
   commit time in Unix microseconds, xid, read as a plain tuple or None, annotations)``;
 - ``(DESCRIBE, table)``: a table version, sent to a partition before the first change that
   names it (it pickles as plain data, see :class:`core.events.Table`);
-- ``(FORGET, uid)``: no later change on this partition names that version.
+- ``(FORGET, uid)``: no later change on this partition names that version;
+- ``(COMMIT, commit_lsn, xid, commit time in Unix microseconds)``: the transaction at
+  ``commit_lsn`` ended, and this partition had its last change the sink publishes. Sent only
+  to a sink that publishes in commit order (``SinkConfig.in_commit_order``: atomic batches,
+  markers), which has one partition; never for a transaction the sink published nothing of.
 
 Timely's channels are FIFO from one worker to another, and one sink's changes all come from
 the one worker that reads their database's slot: a description always arrives before the
@@ -31,12 +35,14 @@ from core.events import Action, RawChange, RawRow, Table
 #: The first element of a table description and of a forgotten version's item.
 DESCRIBE: Final = "describe"
 FORGET: Final = "forget"
+#: The first element of a transaction's end.
+COMMIT: Final = "commit"
 
 #: A change as it crosses (see the module docstring for the fields).
 Packed = tuple[int, Action, RawRow | None, RawRow | None, bool, int, int, int, int,
                tuple[str, str, str] | None, bytes | None, int]
 #: Anything a sink partition receives from the slot's worker.
-Item = Packed | tuple[str, Table] | tuple[str, int]
+Item = Packed | tuple[str, Table] | tuple[str, int] | tuple[str, int, int, int]
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _US: Final = timedelta(microseconds=1)
