@@ -239,6 +239,17 @@ class RawChange(NamedTuple):
     annotations: bytes | None = None
 
 
+class Commit(NamedTuple):
+    """The end of a transaction, after its last change, in the source's output: only from a
+    slot with a sink that publishes in commit order (:attr:`config.schema.SinkConfig.in_commit_order`),
+    which needs to know where a transaction ends (an atomic batch's commit, a marker's END)."""
+
+    database: str
+    commit_lsn: int
+    xid: int
+    commit_ts: datetime
+
+
 class Change(NamedTuple):
     """A :class:`RawChange` with its values converted: what the envelope renders."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from core.events import Action, RawChange, RawRow, Table
+from core.events import Action, Commit, RawChange, RawRow, Table
 
 #: The first element of a table description and of a forgotten version's item.
 DESCRIBE: Final = "describe"
@@ -57,6 +57,11 @@ def pack(change: RawChange, row: int = 0) -> Packed:
     action, table, new, old, old_is_key, lsn, idx, ts, xid, read, annotations = change
     return (table.uid, action, new, old, old_is_key, lsn, idx, (ts - _EPOCH) // _US, xid,
             None if read is None else (read.sink, read.backfill, read.row_key), annotations, row)
+
+
+def pack_commit(commit: Commit) -> tuple[str, int, int, int]:
+    """``commit`` as it crosses to its sink's partition."""
+    return (COMMIT, commit.commit_lsn, commit.xid, (commit.commit_ts - _EPOCH) // _US)
 
 
 def commit_time(micros: int) -> datetime:

@@ -122,10 +122,11 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
                             epoch_budget_mb=config.walflow.max_memory_mb,
                             here=slots_here(cluster, [db.slot.name for db in databases]))
     changes = op.input("postgres", flow, source)
+    commits = any(slot.commits for slot in slots)  # every slot's changes and Commits reach every dispatch
     for name, (sink, publish) in publishers.items():
         step = _step(name)
-        routed = op.flat_map_batch(f"{step}_dispatch", changes,
-                                   runtime.guarded(f"sink {name}: dispatching", Dispatch(sink, runtime.metrics).route))
+        dispatch = Dispatch(sink, runtime.metrics, commits=commits)
+        routed = op.flat_map_batch(f"{step}_dispatch", changes, runtime.guarded(f"sink {name}: dispatching", dispatch.route))
         op.output(f"{step}_publish", routed, publish)
     return flow
 

@@ -19,19 +19,21 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, run_main
 
-from config.schema import DatabaseConfig, ReplicationSettings
+from config.schema import DatabaseConfig, ReplicationSettings, SinkConfig
 from connectors.postgres.source import PostgresSource, Slot, SlotPartition, SourceState
-from core.events import Change
+from core.events import Change, Commit, RawChange
 from core.runtime import Runtime
 from transforms.convert import convert
 
 
 @contextmanager
 def partition(
-    db: DatabaseConfig, settings: ReplicationSettings | None = None, resume: SourceState | None = None
+    db: DatabaseConfig, settings: ReplicationSettings | None = None, resume: SourceState | None = None,
+    sinks: tuple[SinkConfig, ...] = (),
 ) -> Iterator[SlotPartition]:
     """A source partition built and closed as Bytewax does, for tests that drive it by hand."""
-    part = PostgresSource([Slot(db)], settings or ReplicationSettings(), Runtime()).build_part("pg", db.slot.name, resume)
+    part = PostgresSource([Slot(db, sinks)], settings or ReplicationSettings(), Runtime()).build_part(
+        "pg", db.slot.name, resume)
     try:
         yield part
     finally:
@@ -46,7 +48,7 @@ def drain(part: SlotPartition, until: Callable[[list[Change]], bool], timeout: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s with {len(out)} changes")
         batch = part.next_batch()
-        out.extend(convert(change) for change in batch)
+        out.extend(convert(change) for change in batch if type(change) is RawChange)  # no Commit: no sinks here
         if not batch:
             time.sleep(0.005)
     return out
@@ -65,6 +67,10 @@ def drain_snapshotting(
     return drain(part, done, timeout), states[-1]
 
 
+def _converted(item: RawChange | Commit) -> Change | None:
+    return convert(item) if type(item) is RawChange else None
+
+
 def run_flow(
     db: DatabaseConfig, stop_at_lsn: int, recovery: Path | None = None, settings: ReplicationSettings | None = None
 ) -> list[Change]:
@@ -72,7 +78,7 @@ def run_flow(
     out: list[Change] = []
     flow = Dataflow("test_pg_source")
     changes = op.input("pg", flow, PostgresSource([Slot(db, stop_at_lsn=stop_at_lsn)], settings or ReplicationSettings(), Runtime()))
-    op.output("out", op.map("convert", changes, convert), TestingSink(out))
+    op.output("out", op.filter_map("convert", changes, _converted), TestingSink(out))
     config = None
     if recovery is not None:
         if not recovery.exists():

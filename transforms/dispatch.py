@@ -29,13 +29,14 @@ partition is rebuilt empty and every version described again before its first ch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 from zlib import adler32
 
 from config.schema import SinkConfig
-from core.events import RawChange
+from core.events import Commit, RawChange
 from core.metrics import Metrics
-from core.wire import DESCRIBE, FORGET, Item, pack
+from core.wire import DESCRIBE, FORGET, Item, pack, pack_commit
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 
@@ -52,7 +53,16 @@ MAX_VERSIONS: Final = 1024
 class Dispatch:
     """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, items)`` pairs."""
 
-    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS) -> None:
+    def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS,
+                 commits: bool = False) -> None:
+        """``commits``: the slot's output holds a :class:`~core.events.Commit` after each
+        transaction (a sink of the slot publishes in commit order): this one forwards them
+        if it publishes in commit order itself, and passes over them else."""
+        self._commits = commits
+        self._ordered = sink.in_commit_order
+        self._database = sink.database
+        #: The commit LSN of the transaction this sink routed a change of last.
+        self._routed_lsn: int | None = None
         self._filter = SinkFilter(sink, metrics)
         self._key = GroupKey(sink)
         self._keys = tuple(str(i) for i in range(sink.partitions))
@@ -63,11 +73,38 @@ class Dispatch:
         #: lineage → the uid of its current version.
         self._current: dict[_Lineage, int] = {}
 
-    def route(self, changes: list[RawChange]) -> list[tuple[str, list[Item]]]:
+    def route(self, changes: Sequence[RawChange | Commit]) -> list[tuple[str, list[Item]]]:
         """A batch's items, one list per partition it touches, each in the batch's order."""
         out: dict[int, list[Item]] = {}
+        if not self._commits:
+            self._route(changes, out)  # type: ignore[arg-type]  # no Commit among them
+        else:
+            self._route_commits(changes, out)
+        keys = self._keys
+        return [(keys[partition], items) for partition, items in out.items()]
+
+    def _route_commits(self, changes: Sequence[RawChange | Commit], out: dict[int, list[Item]]) -> None:
+        """Route the changes between each two Commits; a Commit after the last change this
+        sink routed (not a read: no transaction) crosses to the sink's one partition."""
+        start = 0
+        for i, item in enumerate(changes):
+            if type(item) is Commit:
+                last = self._route(changes[start:i], out)  # type: ignore[arg-type]  # none between
+                start = i + 1
+                if last is not None and last.read is None:
+                    self._routed_lsn = last.commit_lsn
+                if self._ordered and item.commit_lsn == self._routed_lsn and item.database == self._database:
+                    out.setdefault(0, []).append(pack_commit(item))
+                    self._routed_lsn = None
+        last = self._route(changes[start:], out)  # type: ignore[arg-type]
+        if last is not None and last.read is None:
+            self._routed_lsn = last.commit_lsn
+
+    def _route(self, changes: Sequence[RawChange], out: dict[int, list[Item]]) -> RawChange | None:
+        """Add the items of ``changes`` the sink publishes to ``out``; the last of them (None: none)."""
         key, sent = self._key, self._sent
         count = len(self._keys)
+        change = None
         for change in self._filter.select(changes):
             table = change.table
             grouped = key(change)
@@ -81,8 +118,7 @@ class Dispatch:
                 have.add(partition)
                 items.append((DESCRIBE, table))
             items.append(pack(change, hash(grouped)))
-        keys = self._keys
-        return [(keys[partition], items) for partition, items in out.items()]
+        return change
 
     def _new_version(self, change: RawChange, out: dict[int, list[Item]]) -> set[int]:
         """Start tracking ``change``'s table version; forget the one it supersedes, and the

@@ -22,6 +22,7 @@ walflow runs is decided by the same rules when it first shows up, so it flows wi
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from config.schema import SinkConfig
 from core.events import RawChange, Table
@@ -46,7 +47,7 @@ class SinkFilter:
         self._dropped: CounterBatch[tuple[Table, str]] = CounterBatch(
             (metrics or Metrics()).changes_filtered, lambda key: (name, key[0].qualified, key[1]))
 
-    def select(self, changes: list[RawChange]) -> list[RawChange]:
+    def select(self, changes: Sequence[RawChange]) -> list[RawChange]:
         """The changes of a batch this sink publishes, in order (the flow's ``filter`` step)."""
         kept: list[RawChange] = []
         dropped = self._dropped.counts

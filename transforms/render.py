@@ -40,7 +40,7 @@ from core.events import Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
-from core.wire import DESCRIBE, Item, commit_time
+from core.wire import DESCRIBE, FORGET, Item, commit_time
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
@@ -135,7 +135,7 @@ class Render:
                     described: Table = item[1]  # type: ignore[assignment]
                     tables[described.uid] = described
                     plans[described.uid] = self._shaping.plan(described)
-                else:
+                elif head == FORGET:
                     tables.pop(item[1], None)  # type: ignore[arg-type]
                     plans.pop(item[1], None)  # type: ignore[arg-type]
         if not pending:

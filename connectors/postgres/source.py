@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypedDict, get_args
+from typing import TypedDict, cast, get_args
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
@@ -31,7 +31,7 @@ from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.position import SlotPosition
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
-from core.events import Action, RawChange, Table
+from core.events import Action, Commit, RawChange, Table
 from core.metrics import CounterBatch
 from core.pacing import EpochPacer
 from core.runtime import Runtime
@@ -58,7 +58,7 @@ class SourceState(TypedDict, total=False):
     backfills: list[BackfillState]
 
 
-class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
+class SlotPartition(StatefulSourcePartition[RawChange | Commit, SourceState]):
     """Hands the reader's changes to Bytewax; the slot's :class:`SlotPosition` decides what is confirmed when."""
 
     def __init__(
@@ -68,8 +68,14 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         batch_size: int,
         epoch_budget: int,
         backfills: Backfills,
+        commits: bool = False,
     ) -> None:
+        """``commits``: emit a :class:`~core.events.Commit` after each transaction's last change
+        (a sink of the slot publishes in commit order)."""
         self._reader = reader
+        self._commits = commits
+        #: The last change emitted, while its transaction is open: what its Commit names.
+        self._open: RawChange | None = None
         self._position = reader.position
         self._backfills = backfills
         #: A chunk's reads still to emit, and the items taken after its high watermark.
@@ -95,11 +101,11 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         self._budget_wait = metrics.backpressure.labels("epoch_budget")
         self._budget_reached: float | None = None  # when this epoch reached its budget
 
-    def next_batch(self) -> list[RawChange]:
+    def next_batch(self) -> list[RawChange | Commit]:
         with self._runtime.guard(f"reading slot {self._reader.db.slot.name}"):
             return self._next_batch()
 
-    def _next_batch(self) -> list[RawChange]:
+    def _next_batch(self) -> list[RawChange | Commit]:
         self._pacer.polled(time.time())
         position = self._position
         now = time.monotonic()
@@ -111,7 +117,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             raise RuntimeError(f"replication of slot {self._reader.db.slot.name} failed: {error}") from error
         if position.finished:
             raise StopIteration
-        out: list[RawChange] = []
+        out: list[RawChange | Commit] = []
         if self._epoch_bytes >= self._epoch_budget:
             # Bytewax does not throttle a source within an epoch when its output crosses
             # workers: hold back until the epoch closes (the reader keeps Postgres alive).
@@ -120,7 +126,7 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
             self._idle = True
             return out
         if (release := self._release) is not None:  # a chunk's reads, before anything after its watermark
-            out = release.take(self._batch_size)
+            out = cast(list[RawChange | Commit], release.take(self._batch_size))  # reads only
             self._epoch_bytes += release.row_memory * len(out)
             if release.empty:
                 self._release = None
@@ -138,6 +144,10 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         marker = position.marker
         for i, item in enumerate(items):
             if type(item) is int:
+                if self._commits and position.commit_lsn is not None and item > position.commit_lsn:
+                    last = out[-1] if out else self._open  # the transaction's last change (Commits only follow one)
+                    assert type(last) is RawChange
+                    out.append(Commit(last.table.database, last.commit_lsn, last.xid, last.commit_ts))
                 marker(item)
             elif type(item) is Signal:
                 # a backfill's watermark: at a high one, the chunk's reads enter the stream here
@@ -153,6 +163,9 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
                 received[item.action][item.table] += 1
                 # where the emitted position stands (SlotPosition's fields, written here per change)
                 position.commit_lsn, position.commit_idx = item.commit_lsn, item.commit_idx
+        if self._commits and out:
+            last = out[-1]
+            self._open = last if type(last) is RawChange else None
         for batch in self._received:
             batch.flush()
         if position.batch_end(bool(out), backfills.floor, now):
@@ -173,7 +186,12 @@ class SlotPartition(StatefulSourcePartition[RawChange, SourceState]):
         if self._budget_reached is not None:
             self._budget_wait.inc(time.monotonic() - self._budget_reached)
             self._budget_reached = None
-        return {**position.epoch_end(self._backfills.floor), "backfills": self._backfills.snapshot()}
+        emitted = position.epoch_end(self._backfills.floor)
+        if self._commits and emitted["commit_lsn"] is not None:
+            # a resumed flow emits the open transaction again from its start: a sink in commit
+            # order publishes whole transactions, and its unsent part is not in its snapshot
+            emitted = {"lsn": emitted["lsn"], "commit_lsn": None, "commit_idx": -1}
+        return {**emitted, "backfills": self._backfills.snapshot()}
 
     def close(self) -> None:
         self._runtime.unregister(self._reader)
@@ -202,8 +220,13 @@ class Slot:
     stop_at_lsn: int | None = None
     confirm_delay: float = 0.0
 
+    @property
+    def commits(self) -> bool:
+        """A sink of the slot publishes in commit order: the source marks each transaction's end."""
+        return any(sink.in_commit_order for sink in self.sinks)
 
-class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
+
+class PostgresSource(FixedPartitionedSource[RawChange | Commit, SourceState]):
     """Committed row changes from databases' replication slots, each in commit order, values as texts.
 
     One partition per :class:`Slot`, keyed by the slot's name (so a recovery directory
@@ -247,6 +270,8 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         # Started again to repair a stream (core/runtime.py): from the slot, not the snapshot.
         state = resume_state if resume_state and self.runtime.restarted is None else {}
         resume = ResumePoint(state.get("lsn", 0), state.get("commit_lsn"), state.get("commit_idx", -1))
+        if slot.commits:
+            resume = ResumePoint(resume.lsn)  # an open transaction again from its start (see snapshot)
         metrics = self.runtime.metrics
         position = SlotPosition(resume, confirm_after=slot.confirm_after, stop_at=slot.stop_at_lsn,
                                 confirm_delay=slot.confirm_delay)
@@ -257,4 +282,5 @@ class PostgresSource(FixedPartitionedSource[RawChange, SourceState]):
         backfills = Backfills(db.slot.name, admission, runner, state.get("backfills"), resume.lsn, metrics=metrics)
         reader.start()
         self.runtime.register(reader)
-        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills)
+        return SlotPartition(reader, self.runtime, self.settings.batch_size, self.epoch_budget, backfills,
+                             commits=slot.commits)

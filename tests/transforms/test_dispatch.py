@@ -8,15 +8,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+from datetime import timedelta
 from typing import Any
 from zlib import adler32
 
 import pytest
 
 from connectors.postgres.types import TypeSpecs, loaders_for
-from core.events import RawChange, ReadOf, Table
+from core.events import Commit, RawChange, ReadOf, Table
 from core.metrics import Metrics
-from core.wire import DESCRIBE, FORGET, Item, commit_time, pack
+from core.wire import COMMIT, DESCRIBE, FORGET, Item, commit_time, pack, pack_commit
 from tests.transforms.samples import ROOM, TS, make_database, make_render, make_sink, raw_change
 from transforms.convert import convert, convert_fields
 from transforms.dispatch import Dispatch
@@ -168,3 +169,40 @@ def test_versions_never_superseded_are_bounded_and_described_again_when_needed()
     messages = render([items for _, items in routed], ROOM)
     assert len(messages) == 7 and render.versions <= 3
     assert [item for _, item in flat(routed)].count((DESCRIBE, first)) == 2
+
+
+def _txn(table: Table, commit_lsn: int, rows: range, action: Any = "insert") -> list[RawChange]:
+    return [change(table, i, action, idx=n)._replace(commit_lsn=commit_lsn) for n, i in enumerate(rows)]
+
+
+def _commit(commit_lsn: int, database: str = "app") -> Commit:
+    return Commit(database, commit_lsn, 9, TS)
+
+
+def test_a_sink_in_commit_order_gets_each_transactions_end_after_its_last_change() -> None:
+    table, theirs = typed_table(), typed_table(relid=2, database="crm")
+    dispatch = Dispatch(make_sink(transactions="atomic", actions=["insert"]), commits=True)
+    first = dispatch.route(_txn(table, 500, range(3))[:2])  # a transaction across two batches
+    rest = dispatch.route([*_txn(table, 500, range(3))[2:], _commit(500),
+                           *_txn(table, 600, range(2), "delete"), _commit(600),  # nothing of it published
+                           *_txn(theirs, 700, range(2)), _commit(700, "crm"),  # another database's
+                           change(table, 9, read=ReadOf("app-to-nats", "b1", "[9]")), _commit(800)])
+    items = [item for _, item in flat(first + rest)]
+    assert {key for key, _ in flat(first + rest)} == {"0"}  # one partition: commit order
+    kinds = [item[5] if type(item[0]) is int else item[0] for item in items]
+    assert kinds == [DESCRIBE, 500, 500, 500, COMMIT, 109]  # the read (at 109) is in no transaction
+    assert items[4] == pack_commit(_commit(500)) == (COMMIT, 500, 9, (TS - commit_time(0)) // timedelta(microseconds=1))
+
+
+def test_a_sink_not_in_commit_order_passes_over_the_slots_commits() -> None:
+    table = typed_table()
+    plain = Dispatch(make_sink(partition_count=2), commits=True)
+    routed = flat(plain.route([*_txn(table, 500, range(4)), _commit(500)]))
+    assert [item for _, item in routed if item[0] == COMMIT] == []
+    assert sum(1 for _, item in routed if type(item[0]) is int) == 4
+
+
+def test_a_sink_in_commit_order_refuses_more_partitions() -> None:
+    with pytest.raises(ValueError, match="remove partition_count"):
+        make_sink(transaction_markers=True, partition_count=4)
+    assert make_sink(transaction_markers=True).partitions == 1

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import resource
+import time
 from pathlib import Path
 
 import pytest
 
 from config.schema import ReplicationSettings
 from connectors.postgres.decoder import ResumePoint
-from connectors.postgres.source import PostgresSource, Slot
+from connectors.postgres.source import PostgresSource, Slot, SlotPartition
 from core.errors import FatalError
+from core.events import Commit, RawChange
 from core.runtime import Runtime
 from embedded import wait_for
 from tests.harness import Database, TestNames
 from tests.harness import slot_confirmed as _slot_confirmed
 from tests.replication import drain, drain_snapshotting, partition, rows, run_flow
+from tests.transforms.samples import make_sink
 from transforms.convert import convert
 
 
@@ -174,7 +177,7 @@ def test_confirmed_position_never_passes_an_unsnapshotted_change(orders: Databas
         got = drain(part, lambda out: len(out) >= 10)  # part of the big transaction
         inside = part.snapshot()
         assert inside["commit_lsn"] == got[-1].commit_lsn and inside["lsn"] < inside["commit_lsn"]
-        got += [convert(c) for c in part.next_batch()]
+        got += [convert(c) for c in part.next_batch() if isinstance(c, RawChange)]
         # the epoch ended inside a transaction: nothing inside it is confirmed
         assert reader.position.confirmed <= inside["lsn"] < got[-1].commit_lsn
         got += drain(part, lambda out: len(got) + len(out) >= 100)
@@ -311,3 +314,51 @@ def test_nothing_up_to_the_replay_horizon_is_confirmed(orders: Database) -> None
         drain(part, lambda out: part.snapshot()["lsn"] > horizon and part._reader.position.confirmed > horizon)
     finally:
         part.close()
+
+
+def _raw(part: SlotPartition, commits: int, timeout: float = 60.0) -> list[RawChange | Commit]:
+    """What the partition emits, unconverted, until ``commits`` Commits came."""
+    out: list[RawChange | Commit] = []
+    deadline = time.monotonic() + timeout
+    while sum(1 for item in out if type(item) is Commit) < commits:
+        assert time.monotonic() < deadline, f"timed out with {len(out)} items"
+        batch = part.next_batch()
+        out += batch
+        if not batch:
+            time.sleep(0.005)
+    return out
+
+
+def test_a_slot_with_a_sink_in_commit_order_marks_each_transactions_end(orders: Database) -> None:
+    cfg = orders.config(create=False)
+    sinks = (make_sink(database=cfg.name, transactions="atomic"),)
+    with partition(cfg, ReplicationSettings(batch_size=7), sinks=sinks) as part:  # the transaction spans batches
+        with orders.connect() as conn:
+            with conn.transaction():
+                for i in range(30):
+                    conn.execute("INSERT INTO orders VALUES (%s, 'bulk', '')", [i])
+            conn.execute("INSERT INTO unpublished VALUES (1)")  # a transaction with no change in the slot's output
+            conn.execute("INSERT INTO orders VALUES (100, 'alone', '')")
+        items = _raw(part, 2)
+    first, second = items[:30], items[31]
+    assert all(type(c) is RawChange and c.commit_lsn == first[0].commit_lsn for c in first)
+    assert items[30] == Commit(cfg.name, first[0].commit_lsn, first[0].xid, first[0].commit_ts)
+    assert type(second) is RawChange and items[32:] == [Commit(cfg.name, second.commit_lsn, second.xid,
+                                                               second.commit_ts)]
+
+
+def test_a_slot_with_a_sink_in_commit_order_resumes_an_open_transaction_from_its_start(orders: Database) -> None:
+    """Its snapshot never points inside a transaction: the sink's unsent part of one is in no snapshot."""
+    cfg = orders.config(create=False)
+    sinks = (make_sink(database=cfg.name, transaction_markers=True),)
+    with partition(cfg, ReplicationSettings(batch_size=7), sinks=sinks) as part:
+        with orders.connect() as conn, conn.transaction():
+            for i in range(200):
+                conn.execute("INSERT INTO orders VALUES (%s, 'bulk', '')", [i])
+        got = drain(part, lambda out: len(out) >= 20)
+        state = part.snapshot()
+    assert 20 <= len(got) < 200 and state["commit_lsn"] is None and state["lsn"] < got[0].commit_lsn
+    with partition(cfg, ReplicationSettings(batch_size=7), resume=state, sinks=sinks) as part:
+        again = _raw(part, 1)
+    changes = [convert(c) for c in again if isinstance(c, RawChange)]
+    assert [c.new["id"] for c in changes if c.new] == list(range(200))
