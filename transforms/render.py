@@ -36,11 +36,11 @@ from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError, ValueFree
-from core.events import Change, Message, ReadOf, Row, Table
+from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
-from core.wire import DESCRIBE, FORGET, Item, commit_time
+from core.wire import COMMIT, DESCRIBE, FORGET, Item, commit_time
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
@@ -83,6 +83,8 @@ class Render:
         self._envelope = Envelope(sink, database)
         self._debezium = Debezium(sink, database) if sink.envelope == "debezium" else None
         self._shaping = shaping
+        #: ``transactions: atomic``: the output marks where each unit ends (:data:`~core.events.TRANSACTION_END`).
+        self._atomic = sink.transactions == "atomic"
         #: uid → the table version it names, as described on this partition, and its plan.
         self._tables: dict[int, Table] = {}
         self._plans: dict[int, Plan | None] = {}
@@ -106,7 +108,7 @@ class Render:
         publisher counts them)."""
         out: list[Message | None] = []
         pending: list[_Pending] = []
-        envelope, tables, plans = self._envelope, self._tables, self._plans
+        envelope, tables, plans, atomic = self._envelope, self._tables, self._plans, self._atomic
         # a change's payload within this fits whatever its id (one check per message on the unshaped
         # path; a read's id names its row's key, of no fixed length: reads are measured whole)
         fits = room - self._longest_id
@@ -131,6 +133,8 @@ class Render:
                     else:
                         pending.append((len(out), plan, change, table, item))
                         out.append(None)
+                    if read is not None and atomic:
+                        out.append(TRANSACTION_END)  # a backfill's read is a unit of its own
                 elif head == DESCRIBE:
                     described: Table = item[1]  # type: ignore[assignment]
                     tables[described.uid] = described
@@ -138,6 +142,8 @@ class Render:
                 elif head == FORGET:
                     tables.pop(item[1], None)  # type: ignore[arg-type]
                     plans.pop(item[1], None)  # type: ignore[arg-type]
+                elif head == COMMIT and atomic:
+                    out.append(TRANSACTION_END)
         if not pending:
             self._dead.flush()
             return out  # type: ignore[return-value]  # no None among them

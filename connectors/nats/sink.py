@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 
+from connectors.nats.atomic import AtomicPublisher
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.target import SinkTarget
@@ -60,7 +61,8 @@ class JetStreamPartition(StatefulSinkPartition[Any, SinkState]):
 
     def write_batch(self, items: list[Any]) -> None:
         with self._runtime.guard(f"{self._label}: publishing"):
-            messages = items if self._render is None else self._render(items, payload_room(self._nc.max_payload))
+            room = payload_room(self._nc.max_payload) - self._publisher.batch_headers
+            messages = items if self._render is None else self._render(items, room)
             self._runtime.run(self._publish(messages) if self._barriers else self._publisher.publish(messages))
 
     async def _publish(self, messages: list[Message]) -> None:
@@ -125,7 +127,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
         with runtime.guard(f"{for_part}: setting up"):
             dest = target.sink.destination
             nc = runtime.run(target.connection())
-            publisher = AckPublisher(
+            publisher = (AtomicPublisher if target.sink.transactions == "atomic" else AckPublisher)(
                 nc,
                 window=dest.max_in_flight,
                 ack_timeout=dest.ack_timeout_ms / 1000,
@@ -142,4 +144,5 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
             if resume_state and "last_id" in resume_state and runtime.restarted is None:
                 publisher.last_seq, publisher.last_id = resume_state["last_seq"], resume_state["last_id"]
             return JetStreamPartition(publisher, nc, for_part, runtime, None if self._render is None else self._render(),
-                                      barriers=target.sink.transaction_markers or target.sink.schema_events)
+                                      barriers=target.sink.transactions != "atomic"  # a batch is ordered whole
+                                      and (target.sink.transaction_markers or target.sink.schema_events))

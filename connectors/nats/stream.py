@@ -117,12 +117,15 @@ async def stream_for(nc: Client, dest: NatsDestination, database: str) -> str:
     return dest.stream.name
 
 
-async def ensure_stream(nc: Client, dest: NatsDestination, database: str) -> SinkStream:
+async def ensure_stream(nc: Client, dest: NatsDestination, database: str, atomic: bool = False) -> SinkStream:
     """The stream this sink's events land in: found, created or extended by the rules above;
-    a :class:`StreamSetupError` saying what to change when there is none."""
+    a :class:`StreamSetupError` saying what to change when there is none. ``atomic``: the sink
+    publishes atomic batches (``transactions: atomic``): the stream allows them."""
     for attempt in range(_ATTEMPTS):
         found = await _resolve(nc, dest, database)
         if found is not None:
+            if atomic:
+                await _allow_atomic(nc, found.name)
             return found
         await asyncio.sleep(random.uniform(0, _JITTER * attempt))
     raise StreamSetupError(
@@ -216,6 +219,38 @@ async def _resolve(nc: Client, dest: NatsDestination, database: str) -> SinkStre
         raise StreamSetupError(f"JetStream refused to create stream '{cfg.name}' on {subjects}: {exc.description}") from None
     log.info("created JetStream stream '%s' for %s", cfg.name, ", ".join(subjects))
     return None
+
+
+#: The first nats-server with atomic batch publish (ADR-50).
+ATOMIC_SINCE: Final = (2, 12)
+
+
+async def _allow_atomic(nc: Client, name: str) -> None:
+    """Set ``allow_atomic`` on stream ``name`` (nats-py's stream config has no field for it),
+    or say why it cannot be: the server is older than 2.12, or the stream persists
+    asynchronously (``persist_mode: async``, which JetStream refuses batches on)."""
+    version = nc.connected_server_version
+    if (version.major, version.minor) < ATOMIC_SINCE:
+        raise StreamSetupError(
+            f"transactions: atomic needs nats-server {ATOMIC_SINCE[0]}.{ATOMIC_SINCE[1]} or later (atomic batch "
+            f"publish), and the server walflow connected to is {version}: upgrade it, or set transactions: none")
+    info = await _info(nc, name)
+    if info is None:
+        raise StreamSetupError(f"JetStream stream '{name}' vanished while walflow set it up: start walflow again")
+    config = info["config"]
+    if config.get("allow_atomic"):
+        return
+    if config.get("persist_mode") == "async":
+        raise StreamSetupError(
+            f"transactions: atomic needs JetStream stream '{name}' to allow atomic batches, which a stream with "
+            "persist_mode: async cannot: set its persist_mode to default, or set transactions: none")
+    try:
+        await _api(nc, f"STREAM.UPDATE.{name}", dict(config, allow_atomic=True))
+    except APIError as exc:
+        raise StreamSetupError(
+            f"JetStream refused to allow atomic batches on stream '{name}' (transactions: atomic): {exc.description}. "
+            "Set allow_atomic: true on it yourself, or set transactions: none") from None
+    log.info("JetStream stream '%s' now allows atomic batches (transactions: atomic)", name)
 
 
 async def _add_subject(nc: Client, info: dict[str, Any], subject: str) -> None:

@@ -104,7 +104,7 @@ class SinkTarget:
         dest = sink.destination
         nc = await connect(dest, name=f"walflow:{sink.name}", metrics=runtime.metrics)
         with _requests_of(nc, sink):
-            stream = await ensure_stream(nc, dest, database)
+            stream = await ensure_stream(nc, dest, database, atomic=sink.transactions == "atomic")
             await check_sequin_ids(nc, sink, database, peers, stream.name)
         return nc, stream
 
@@ -145,7 +145,8 @@ class SinkTarget:
                 info = await nc.jetstream(timeout=2.0).stream_info(name)
             except NotFoundError:
                 log.warning("%s: stream '%s' no longer exists; setting it up again", self.sink.name, name)
-                self._stream = await ensure_stream(nc, self.sink.destination, self.database)
+                self._stream = await ensure_stream(nc, self.sink.destination, self.database,
+                                                   atomic=self.sink.transactions == "atomic")
                 self._leaderless_since = None
                 return
             except UNANSWERED as exc:  # no leader to answer (or the connection dropped meanwhile)
@@ -155,7 +156,8 @@ class SinkTarget:
                 leader = info.cluster.leader if info.cluster is not None else None
                 if leader or info.cluster is None:  # a single server's stream has no cluster info
                     # it answers: set it up again all the same (its subjects may have lost the sink's)
-                    self._stream = await ensure_stream(nc, self.sink.destination, self.database)
+                    self._stream = await ensure_stream(nc, self.sink.destination, self.database,
+                                                   atomic=self.sink.transactions == "atomic")
                     if info.cluster is None:  # one server: no election to speak of
                         self._leaderless_since = None
                     else:
