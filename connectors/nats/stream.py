@@ -227,19 +227,25 @@ ATOMIC_SINCE: Final = (2, 12)
 
 async def _allow_atomic(nc: Client, name: str) -> None:
     """Set ``allow_atomic`` on stream ``name`` (nats-py's stream config has no field for it),
-    or say why it cannot be: the server is older than 2.12, or the stream persists
-    asynchronously (``persist_mode: async``, which JetStream refuses batches on)."""
+    or say why it cannot be: the server is older than 2.12, walflow did not create the stream
+    (it edits none it did not create), or the stream persists asynchronously (``persist_mode:
+    async``, which JetStream refuses batches on)."""
     version = nc.connected_server_version
     if (version.major, version.minor) < ATOMIC_SINCE:
         raise StreamSetupError(
             f"transactions: atomic needs nats-server {ATOMIC_SINCE[0]}.{ATOMIC_SINCE[1]} or later (atomic batch "
-            f"publish), and the server walflow connected to is {version}: upgrade it, or set transactions: none")
+            f"publish), and the server walflow connected to is {version.major}.{version.minor}.{version.patch}: upgrade it, "
+            "or set transactions: none")
     info = await _info(nc, name)
     if info is None:
         raise StreamSetupError(f"JetStream stream '{name}' vanished while walflow set it up: start walflow again")
     config = info["config"]
     if config.get("allow_atomic"):
         return
+    if config.get("description") != OWN_DESCRIPTION:  # walflow edits no stream it did not create
+        raise StreamSetupError(
+            f"transactions: atomic needs JetStream stream '{name}' to allow atomic batches, and walflow did not create "
+            "it, so it leaves its settings alone: set allow_atomic: true in its configuration, or set transactions: none")
     if config.get("persist_mode") == "async":
         raise StreamSetupError(
             f"transactions: atomic needs JetStream stream '{name}' to allow atomic batches, which a stream with "

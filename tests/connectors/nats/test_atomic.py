@@ -11,13 +11,14 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from nats.aio.client import ServerVersion
 
 from config.schema import NatsDestination
 from connectors.nats.atomic import MAX_MSGS, AtomicPublisher
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.replay import ids_since
-from connectors.nats.stream import ensure_stream
+from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream
 from core.errors import StreamSetupError
 from core.events import TRANSACTION_END, Message
 from core.runtime import Runtime
@@ -123,8 +124,23 @@ def test_a_batch_holding_stored_ids_sends_only_what_the_stream_lacks(nc: Walflow
 def test_a_stream_that_persists_asynchronously_is_refused_clearly(nc: WalflowClient, dest: NatsDestination,
                                                                  names: TestNames) -> None:
     runtime.run(nc.jetstream().delete_stream(names.stream))
-    body = b'{"name": "%s", "subjects": ["%s.app.>"], "persist_mode": "async"}' % (names.stream.encode(),
-                                                                                  names.subject_prefix.encode())
+    body = b'{"name": "%s", "subjects": ["%s.app.>"], "persist_mode": "async", "description": "%s"}' % (
+        names.stream.encode(), names.subject_prefix.encode(), OWN_DESCRIPTION.encode())
     runtime.run(nc.request(f"$JS.API.STREAM.CREATE.{names.stream}", body))
     with pytest.raises(StreamSetupError, match="persist_mode: async cannot: set its persist_mode to default"):
+        runtime.run(ensure_stream(nc, dest, "app", atomic=True))
+
+
+def test_a_stream_walflow_did_not_create_is_left_alone_with_what_to_do(nc: WalflowClient, dest: NatsDestination,
+                                                                      names: TestNames) -> None:
+    runtime.run(nc.jetstream().delete_stream(names.stream))
+    runtime.run(nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.app.>"]))
+    with pytest.raises(StreamSetupError, match="walflow did not create it.*set allow_atomic: true on it"):
+        runtime.run(ensure_stream(nc, dest, "app", atomic=True))
+
+
+def test_a_server_older_than_2_12_is_refused_clearly(nc: WalflowClient, dest: NatsDestination,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(nc), "connected_server_version", property(lambda _: ServerVersion("2.11.9")))
+    with pytest.raises(StreamSetupError, match=r"needs nats-server 2\.12 or later .* is 2\.11\.9"):
         runtime.run(ensure_stream(nc, dest, "app", atomic=True))
