@@ -135,7 +135,7 @@ def test_a_stream_walflow_did_not_create_is_left_alone_with_what_to_do(nc: Walfl
                                                                       names: TestNames) -> None:
     runtime.run(nc.jetstream().delete_stream(names.stream))
     runtime.run(nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.app.>"]))
-    with pytest.raises(StreamSetupError, match="walflow did not create it.*set allow_atomic: true on it"):
+    with pytest.raises(StreamSetupError, match="walflow did not create it.*set allow_atomic: true in its configuration"):
         runtime.run(ensure_stream(nc, dest, "app", atomic=True))
 
 
