@@ -344,7 +344,7 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
     info = await account_info(nc, dest)
     findings = [Finding(about, Level.OK, f"JetStream answers $JS.API.INFO ({count(info.get('streams', 0), 'stream')} "
                         "in the account)")]
-    plan = await stream_plan(nc, dest, sink.database)
+    plan = await stream_plan(nc, dest, sink.database, atomic=sink.transactions == "atomic")
     if plan.action == "refused":
         findings.append(Finding(about, Level.FAIL, str(plan.problem)))
     elif plan.action == "use":
@@ -356,7 +356,10 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
     elif plan.action == "extend":
         findings.append(Finding(about, Level.OK, f"stream {plan.name} (created by walflow) does not capture database "
                                 f"'{sink.database}' yet: walflow adds {plan.subjects[-1]} to it at start"))
-    findings += await durability_checks(nc, sink, plan.name if plan.action in ("use", "extend") else None)
+    elif plan.action == "allow_atomic":
+        findings.append(Finding(about, Level.OK, f"stream {plan.name} (created by walflow) does not allow atomic "
+                                "batches yet: walflow sets allow_atomic at start (transactions: atomic)"))
+    findings += await durability_checks(nc, sink, plan.name if plan.action in ("use", "extend", "allow_atomic") else None)
     target = _probe_subject(sink, tables)
     try:
         captured_by = await may_publish(nc, target)

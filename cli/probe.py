@@ -496,7 +496,7 @@ async def account_info(nc: ProbeClient, dest: NatsDestination) -> dict[str, Any]
 class StreamPlan:
     """What the pipeline would do for a sink's stream, found out without doing it."""
 
-    action: Literal["use", "create", "extend", "refused"]
+    action: Literal["use", "create", "extend", "allow_atomic", "refused"]
     #: The stream: used as it is, created, or given one more subject (None when refused).
     name: str | None = None
     #: Its subjects once created or extended.
@@ -505,16 +505,19 @@ class StreamPlan:
     problem: str | None = None
 
 
-async def stream_plan(nc: ProbeClient, dest: NatsDestination, database: str) -> StreamPlan:
-    """Run the pipeline's stream rules on ``nc``: :class:`Refused`, ``NoRespondersError`` and
-    nats-py's ``TimeoutError`` pass through for the caller to word."""
+async def stream_plan(nc: ProbeClient, dest: NatsDestination, database: str, atomic: bool = False) -> StreamPlan:
+    """Run the pipeline's stream rules on ``nc`` (``atomic``: for a ``transactions: atomic``
+    sink): :class:`Refused`, ``NoRespondersError`` and nats-py's ``TimeoutError`` pass through
+    for the caller to word."""
     try:
-        found = await ensure_stream(nc, dest, database)
+        found = await ensure_stream(nc, dest, database, atomic=atomic)
     except StreamSetupError as exc:
         return StreamPlan("refused", problem=str(exc))
     except WouldChange as change:
         body = json.loads(change.payload or b"{}")
         name = change.subject.rsplit(".", 1)[-1]
+        if body.get("allow_atomic"):  # the only update that sets it
+            return StreamPlan("allow_atomic", name)
         action: Literal["create", "extend"] = "create" if ".STREAM.CREATE." in change.subject else "extend"
         return StreamPlan(action, name, tuple(body.get("subjects") or ()))
     return StreamPlan("use", found.name)

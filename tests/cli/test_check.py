@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from cli.probe import WouldChange, close_nats, open_nats
 from config.schema import NatsDestination
+from connectors.nats.stream import OWN_DESCRIPTION
 from embedded import NatsServer, PostgresServer
 from embedded._process import free_port
 from tests.backfill.helpers import stored_count
@@ -250,3 +252,36 @@ def test_check_without_monitoring_urls_assumes_the_default_sync_interval(
     assert out.code == 0  # warnings only
     out.finding("warn", "confirm_delay_ms (0 s) is shorter than JetStream's default sync_interval (120 s)")
     out.finding("warn", f"stream {names.stream} keeps 1 replica(s)")  # the one walflow would create
+
+
+def test_an_atomic_sink_on_a_stream_walflow_did_not_create_fails_with_what_to_do(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    add_stream(nats_srv.url, names.stream, [f"{names.subject_prefix}.shop.>"])
+    config = edit(setup_events(database, names, nats_srv, tmp_path),
+                  lambda data: data["sinks"][0].update(transactions="atomic"))
+    out = _check(config)
+    assert out.code == 1
+    (failed,) = _failed(out)
+    assert failed.startswith(f"transactions: atomic needs JetStream stream '{names.stream}' to allow atomic batches, "
+                             "and walflow did not create it"), failed
+
+
+def test_an_atomic_sink_on_walflows_own_stream_is_told_what_start_will_set(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    async def own_stream() -> None:  # as an earlier walflow without transactions: atomic created it
+        nc = await nats.connect(nats_srv.url)
+        try:
+            await nc.jetstream().add_stream(name=names.stream, subjects=[f"{names.subject_prefix}.shop.>"],
+                                            description=OWN_DESCRIPTION)
+        finally:
+            await nc.close()
+
+    asyncio.run(own_stream())
+    config = edit(setup_events(database, names, nats_srv, tmp_path),
+                  lambda data: data["sinks"][0].update(transactions="atomic"))
+    out = _check(config)
+    assert _failed(out) == []
+    out.finding("pass", f"stream {names.stream} (created by walflow) does not allow atomic batches yet: walflow sets "
+                "allow_atomic at start (transactions: atomic)")
