@@ -104,7 +104,9 @@ def _read_stream(server: NatsServer, ca: Path, stream: str) -> list[Stored]:
         try:
             js = nc.jetstream()
             info = await js.stream_info(stream)
-            out = []
+            out: list[Stored] = []
+            if not info.state.messages:
+                return out  # nothing yet (its first_seq is then 0, which no message has)
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 msg = await js.get_msg(stream, seq)
                 headers = msg.headers or {}
