@@ -74,11 +74,12 @@ class Options:
     delay_pairs: int = 1
     #: streaming (bench/streaming.py, issue 26): the bulk transaction's rows, the concurrent and aborts
     #: workloads' sessions, transactions per session and rows per transaction, both readers' work_mem
+    #: (logical_decoding_work_mem, comma-separated: the concurrent and aborts workloads run at each, bulk at the first)
     streaming_rows: int = 1_000_000
     streaming_sessions: int = 16
     streaming_txns: int = 3
     streaming_txn_rows: int = 20_000
-    streaming_work_mem: str = "64MB"
+    streaming_work_mem: str = "64MB,16MB"
 
     def with_(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import select
@@ -88,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--streaming-txns", type=int, help="transactions per session "
                        f"[full {FULL.streaming_txns}, quick {QUICK.streaming_txns}]")
     group.add_argument("--streaming-txn-rows", type=int, help=f"rows per transaction [{FULL.streaming_txn_rows:,}]")
-    group.add_argument("--streaming-work-mem", help="logical_decoding_work_mem of both readers' walsenders "
+    group.add_argument("--streaming-work-mem", help="logical_decoding_work_mem of both readers' walsenders, comma-separated: "
+                       "concurrent and aborts at each, bulk at the first "
                        f"[full {FULL.streaming_work_mem}, quick {QUICK.streaming_work_mem}]")
 
 
@@ -518,7 +520,7 @@ def _slot_stats(dsn: str, slot: str) -> dict[str, int]:
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile of ``values`` (not empty), ``q`` in (0, 100]."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def latencies(writes: Writes, reader: dict[str, Any]) -> dict[str, Any]:
@@ -542,9 +544,10 @@ def latencies(writes: Writes, reader: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-def measure_one(suite: Bench, say: Callable[[str], None], name: str,
+def measure_one(suite: Bench, say: Callable[[str], None], name: str, work_mem: str,
                 write: Callable[[str], tuple[Writes, Callable[[], None]]]) -> dict[str, Any]:
-    o = suite.options
+    """One workload written while both readers, their walsenders at ``work_mem``, read it live."""
+    name = f"{name}_{work_mem.lower()}"
     database = f"bench_stream_{name}"
     dsn = suite.pg.dsn(database)
     slots = {1: f"st_{name}_p1", 2: f"st_{name}_p2"}
@@ -556,7 +559,7 @@ def measure_one(suite: Bench, say: Callable[[str], None], name: str,
                 conn.execute("SELECT pg_stat_reset_replication_slot(%s)", [slot])
             start_lsn = current_lsn(conn)
         for proto, slot in slots.items():
-            readers[proto] = Reader(dsn, slot, proto, o.streaming_work_mem, suite.workdir / f"{slot}.json")
+            readers[proto] = Reader(dsn, slot, proto, work_mem, suite.workdir / f"{slot}.json")
         writes, run = write(dsn)
         say(f"streaming {name}: writing, both readers live")
         run()
@@ -565,7 +568,7 @@ def measure_one(suite: Bench, say: Callable[[str], None], name: str,
         for reader in readers.values():
             reader.tell_end(end_lsn)
         result: dict[str, Any] = {
-            "committed_transactions": len(writes.committed), "committed_rows": writes.committed_rows,
+            "work_mem": work_mem, "committed_transactions": len(writes.committed), "committed_rows": writes.committed_rows,
             "rolled_back_rows": writes.rolled_back_rows, "aborted_transactions": writes.aborted_transactions,
             "rolled_back_savepoints": writes.rolled_back_savepoints, "write_s": round(writes.seconds, 2),
             "wal_mb": round((end_lsn - start_lsn) / 2**20, 1), "protocols": {},
@@ -614,8 +617,9 @@ def measure(suite: Bench, say: Callable[[str], None]) -> dict[str, Any]:
     with psycopg.connect(suite.pg.dsn(), autocommit=True) as conn:
         row = conn.execute("SELECT current_setting('logical_decoding_work_mem'), version()").fetchone()
     assert row is not None
+    mems = o.streaming_work_mem.split(",")
     result: dict[str, Any] = {
-        "work_mem": o.streaming_work_mem, "server_work_mem": str(row[0]), "server": str(row[1]).split(" on ")[0],
+        "work_mem": mems, "server_work_mem": str(row[0]), "server": str(row[1]).split(" on ")[0],
         "cpus": os.cpu_count(), "workloads": {},
     }
     sessions, txns, txn_rows = o.streaming_sessions, o.streaming_txns, o.streaming_txn_rows
@@ -628,8 +632,10 @@ def measure(suite: Bench, say: Callable[[str], None]) -> dict[str, Any]:
          lambda dsn: write_aborts(dsn, sessions, txns, txn_rows)),
     ]
     for name, label, write in plan:
-        say(f"streaming {name}: {label}")
-        result["workloads"][name] = {"label": label, **measure_one(suite, say, name, write)}
+        for work_mem in mems[:1] if name == "bulk" else mems:  # the bulk one spills or streams at any of them
+            say(f"streaming {name}, logical_decoding_work_mem {work_mem}: {label}")
+            result["workloads"][f"{name}-{work_mem}"] = {"label": label, **measure_one(suite, say, name, work_mem,
+                                                                                        write)}
     return result
 
 
@@ -662,23 +668,24 @@ def markdown(streaming: dict[str, Any] | None) -> list[str]:
     lines = [
         "## Protocol 2 streaming beside protocol 1 (issue 26)",
         "",
-        (f"{streaming['server']}, {streaming['cpus']} CPUs; both readers' walsenders with logical_decoding_work_mem = "
-         f"{streaming['work_mem']} (the server's default: {streaming['server_work_mem']}); each workload's WAL read "
+        (f"{streaming['server']}, {streaming['cpus']} CPUs; both readers' walsenders with the logical_decoding_work_mem "
+         f"of the row (the server's default: {streaming['server_work_mem']}); each workload's WAL read "
          "live by both at once, each on its own slot. Commit → received: from the writer's COMMIT returning to the "
          "reader holding the Commit (protocol 1) or Stream Commit (protocol 2): the earliest its changes may be "
          "published. Held: the pgoutput bytes of streamed changes a consumer must keep until Stream Commit."),
         "",
-        ("| workload | proto | spill_bytes (count) | stream_bytes (count) | commit → received p50 / p99 / max ms "
+        ("| workload | work_mem | proto | spill_bytes (count) | stream_bytes (count) | commit → received p50 / p99 / max ms "
          "| last change p50 ms | held peak (changes) | peak RSS (at start) | reader CPU s | wall s "
          "| rolled back: received / dropped / published |"),
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, w in streaming["workloads"].items():
         for proto, r in w["protocols"].items():
             s, lat = r["slot"], r["latency"]
             commit = lat.get("commit_ms")
             lines.append(
-                f"| {name}: {w['label']} ({w['committed_transactions']} committed txns, {w['wal_mb']} MB WAL) | {proto} "
+                f"| {name.rsplit('-', 1)[0]}: {w['label']} ({w['committed_transactions']} committed txns, {w['wal_mb']} MB "
+                f"WAL) | {w['work_mem']} | {proto} "
                 f"| {_mb(s.get('spill_bytes'))} ({s.get('spill_count', 0):,}) "
                 f"| {_mb(s.get('stream_bytes'))} ({s.get('stream_count', 0):,}) "
                 f"| {_ms(commit, 'p50')} / {_ms(commit, 'p99')} / {_ms(commit, 'max')} "
@@ -688,11 +695,12 @@ def markdown(streaming: dict[str, Any] | None) -> list[str]:
                 f"| {r['received_rolled_back']:,} / {r['dropped']:,} / {r['published_rolled_back']:,} |"
             )
     lines.append("")
-    aborts = streaming["workloads"].get("aborts")
-    if aborts:
+    for name, aborts in streaming["workloads"].items():
+        if not name.startswith("aborts"):
+            continue
         p2 = aborts["protocols"].get("2", {})
         lines += [
-            (f"aborts: {aborts['aborted_transactions']} transactions aborted and {aborts['rolled_back_savepoints']} "
+            (f"aborts at {aborts['work_mem']}: {aborts['aborted_transactions']} transactions aborted and {aborts['rolled_back_savepoints']} "
              f"savepoints rolled back, {aborts['rolled_back_rows']:,} rows rolled back, "
              f"{aborts['committed_rows']:,} committed. Protocol 2 saw {p2.get('stream_aborts', 0)} Stream Aborts of "
              f"whole transactions and {p2.get('subxact_aborts', 0)} of subtransactions (subxid ≠ xid)."),
