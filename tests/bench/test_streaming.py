@@ -45,7 +45,7 @@ def test_a_transaction_sent_after_its_commit_is_published_as_it_arrives() -> Non
     _feed(c, _begin(7), _insert(1), _insert(2), COMMIT)
     assert (c.published, c.peak_held_changes, c.held_changes) == (2, 0, 0)
     assert c.commits[7].commit_ns == 1_003 and c.commits[7].last_change_ns == 1_002
-    assert not c.commits[7].streamed
+    assert not c.commits[7].streamed and c.commits[7].first_publishable_ns == 1_001
 
 
 def test_a_streamed_transaction_is_held_until_stream_commit_then_published_whole() -> None:
@@ -55,7 +55,7 @@ def test_a_streamed_transaction_is_held_until_stream_commit_then_published_whole
     _feed(c, _start(100, False), _insert(3, 100), STOP, _stream_commit(100))
     assert (c.published, c.held_changes, c.peak_held_changes, c.stream_blocks) == (3, 0, 3, 2)
     assert c.held_bytes == 0 and c.peak_held_bytes == sum(len(_insert(i, 100)) for i in (1, 2, 3))
-    assert c.commits[100].streamed
+    assert c.commits[100].streamed and c.commits[100].first_publishable_ns == c.commits[100].commit_ns
 
 
 def test_a_whole_stream_abort_drops_everything_held_and_publishes_nothing() -> None:
