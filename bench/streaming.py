@@ -58,6 +58,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench.monitor import CpuSnapshot
 from bench.workloads import PUBLICATION, _insert, current_lsn, drop_database, prepare_database
+from connectors.postgres.decoder import change_memory
 from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, status_update
 from connectors.postgres.stream import ReplicationStream, quote_identifier
 
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
     from bench.runner import Bench
 
 ROOT = Path(__file__).resolve().parent.parent
+#: benchmark_records' columns: the values each of its changes carries
+COLUMNS = 7
 #: Rows per INSERT statement of the concurrent and aborts workloads: transactions interleave.
 STATEMENT_ROWS = 1_000
 #: The rows of the bulk workload's shape; ``%s`` is the sign, then the first and last g.
@@ -674,6 +677,13 @@ def _ms(figures: dict[str, Any] | None, key: str) -> str:
     return "" if not figures else f"{figures[key]:,.1f}"
 
 
+def _as_changes(reader: dict[str, Any]) -> int:
+    """The held peak as walflow's decoder counts what its changes hold until acknowledged
+    (:func:`connectors.postgres.decoder.change_memory`; benchmark_records has 7 columns)."""
+    n = reader["peak_held_changes"]
+    return change_memory(reader["peak_held_bytes"] // n, COLUMNS) * n if n else 0
+
+
 def markdown(streaming: dict[str, Any] | None) -> list[str]:
     if not streaming:
         return []
@@ -686,12 +696,14 @@ def markdown(streaming: dict[str, Any] | None) -> list[str]:
          "reader holding the Commit (protocol 1) or Stream Commit (protocol 2): when all its changes may be "
          "published. First publishable: to the first change that may be published (protocol 1: the first after "
          "Begin, published as it arrives; a streamed transaction's: all at Stream Commit). Latencies are wall "
-         "clock across processes on one machine. Held: the pgoutput bytes of streamed changes a consumer must keep until Stream Commit."),
+         "clock across processes on one machine. Held: the pgoutput bytes of streamed changes a consumer must keep until Stream Commit; as walflow's "
+         "changes: the same count as walflow's decoder estimates its changes' memory (0.5 KB + 120 B a value + 2 × "
+         "the message's bytes)."),
         "",
         ("| workload | work_mem | proto | spill_bytes (count) | stream_bytes (count) | commit → received p50 / p99 / max ms "
-         "| first publishable p50 ms | held peak (changes) | peak RSS (at start) | reader CPU s | wall s "
+         "| first publishable p50 ms | held peak (changes) | as walflow's changes | peak RSS (at start) | reader CPU s | wall s "
          "| rolled back: received / dropped / published |"),
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, w in streaming["workloads"].items():
         for proto, r in w["protocols"].items():
@@ -705,11 +717,15 @@ def markdown(streaming: dict[str, Any] | None) -> list[str]:
                 f"| {_mb(s.get('stream_bytes'))} ({s.get('stream_count', 0):,}) "
                 f"| {_ms(commit, 'p50')} / {_ms(commit, 'p99')} / {_ms(commit, 'max')} "
                 f"| {_ms(lat.get('first_publishable_ms'), 'p50')} "
-                f"| {_mb(r['peak_held_bytes'])} ({r['peak_held_changes']:,}) "
+                f"| {_mb(r['peak_held_bytes'])} ({r['peak_held_changes']:,}) | {_mb(_as_changes(r))} "
                 f"| {_mb(r['peak_rss_bytes'])} ({_mb(r['rss_ready_bytes'])}) | {r['cpu_s']} | {r['wall_s']} "
                 f"| {r['received_rolled_back']:,} / {r['dropped']:,} / {r['published_rolled_back']:,} |"
             )
     lines.append("")
+    wrong = [f"{name} protocol {proto}: {problem}" for name, w in streaming["workloads"].items()
+             for proto, r in w["protocols"].items() for problem in problems(w, r)]
+    lines += [("Every reader published exactly the committed rows, none rolled back, and held nothing at the end."
+               if not wrong else "Wrong: " + "; ".join(wrong)), ""]
     for name, aborts in streaming["workloads"].items():
         if not name.startswith("aborts"):
             continue
