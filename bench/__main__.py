@@ -7,11 +7,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from bench import delay
+from bench import delay, streaming
 from bench.runner import FULL, QUICK, Options, run
 from bench.walflow import DEPLOYMENTS, SHAPINGS
 
-WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb", "delay", "cluster")
+WORKLOADS = ("mixed", "bulk", "wide", "latency", "backfill", "twodb", "delay", "cluster", "streaming")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
                         "twodb: one flow over two databases (two databases: entries, a slot, publication and "
                         "sink each, no WALFLOW_DATABASE), changes/s and CPU per process for each database. cluster: (a)'s "
                         "workload (--rows) published by walflow w1 into an R1 stream on one server and into an R3 "
-                        "stream on a 3-node NATS cluster, side by side")
+                        "stream on a 3-node NATS cluster, side by side. streaming (only when named here): pgoutput protocol 2 "
+                        "with streaming 'on' beside protocol 1 on a bulk transaction, concurrent transactions and rolled-back "
+                        "(sub)transactions (bench/streaming.py)")
     delay.add_arguments(parser)
+    streaming.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="results directory [bench/results]")
     return parser

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import psycopg
 
-from bench import backfill, delay, report
+from bench import backfill, delay, report, streaming
 from bench.consumers import Feed, sink_ceilings, source_ceiling, walflow_catchup, walflow_feeds
 from bench.jetstream import JetStream, StoredMessage
 from bench.latency import Phase, find_pgbench, run_latency
@@ -72,6 +72,14 @@ class Options:
     confirm_delay_s: float = 30.0
     delay_rate: int = 2000
     delay_pairs: int = 1
+    #: streaming (bench/streaming.py, issue 26): the bulk transaction's rows, the concurrent and aborts
+    #: workloads' sessions, transactions per session and rows per transaction, both readers' work_mem
+    #: (logical_decoding_work_mem, comma-separated: the concurrent and aborts workloads run at each, bulk at the first)
+    streaming_rows: int = 1_000_000
+    streaming_sessions: int = 16
+    streaming_txns: int = 3
+    streaming_txn_rows: int = 20_000
+    streaming_work_mem: str = "64MB,16MB"
 
     def with_(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
@@ -85,7 +93,8 @@ FULL = Options(rows=200_000, wide_rows=50_000, bulk_rows=1_000_000, backfill_row
 #: no p3, no noflags and no two-database run unless asked for (--deployments, --only twodb).
 QUICK = Options(rows=20_000, wide_rows=8_000, bulk_rows=20_000, backfill_rows=20_000, two_db_rows=10_000,
                 latency_seconds=4.0, deployments="w1,w2,p2", only="mixed,bulk,wide,latency,backfill,delay", quick=True,
-                confirm_delay_s=10.0)
+                confirm_delay_s=10.0, streaming_rows=200_000, streaming_sessions=8, streaming_txns=2,
+                streaming_work_mem="16MB")
 
 #: The two-database run: walflow's names for the databases (the subjects' second token) and
 #: the server's (each with its slot and publication of its own).
@@ -441,6 +450,8 @@ def run(options: Options, out_dir: Path) -> int:
                     }
                 if o.runs("delay"):
                     results["delay"] = delay.measure(suite, _say)
+                if o.runs("streaming"):
+                    results["streaming"] = streaming.measure(suite, _say)
                 results["warnings"] = suite.warnings
             finally:
                 js.close()
@@ -453,6 +464,10 @@ def run(options: Options, out_dir: Path) -> int:
         partial = set(options.only.split(",")) != set(whole.only.split(","))
         json_path, md_path, png_path = report.write(results, out_dir, options.only.replace(",", "+") if partial else "")
         print(report.markdown(results))
+        if "streaming" in results:  # its own table, after the report's (bench/streaming.py)
+            table = "\n".join(streaming.markdown(results["streaming"]))
+            md_path.write_text(md_path.read_text() + "\n" + table)
+            print(table)
         _say(f"wrote {json_path}, {md_path.name}, {png_path.name} in {results['seconds']:.0f}s")
         ok = True
         return 0
