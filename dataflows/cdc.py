@@ -113,8 +113,8 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
         for sink in sinks:  # shaping checks routed subjects against the stream found
             target = targets[sink.name]
             shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, target.stream.subjects)
-            trackers[sink.name], events = schema_parts(sink, db.name, target.stream, memories[sink.name],
-                                                       replay_from)
+            trackers[sink.name], events = schema_parts(sink, db.name, target.stream.name, target.stream.subjects,
+                                                       memories[sink.name], replay_from)
             render = functools.partial(Render, sink, db, shaping, runtime.metrics, events)
             publishers[sink.name] = (sink, JetStreamSink(target, render, publishes=publishing))
         _repairing(runtime, memories)

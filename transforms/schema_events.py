@@ -40,13 +40,11 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic_core import to_json
 
 from config.schema import SinkConfig
-from connectors.nats.state import SinkMemory
-from connectors.nats.stream import SinkStream
 from connectors.postgres.protocol import lsn_to_str
 from core.errors import FatalError
 from core.events import BARRIER, ColumnShape, Message, RawChange, SchemaChange, Shape, Table
@@ -211,21 +209,31 @@ def _reported(event: _Json | None, change: SchemaChange) -> bool:
     return shape_from_json(event.get("new")) == change.new
 
 
-def schema_parts(sink: SinkConfig, database: str, stream: SinkStream, memory: SinkMemory,
+class Memory(Protocol):
+    """What the schema events need of the sink's memory (``connectors.nats.state.SinkMemory``)."""
+
+    def schema_records(self) -> list[_Json]: ...
+
+    def record_schema(self, table: str, record: _Json) -> None: ...
+
+    def last_message(self, stream: str, subject: str) -> _Json | None: ...
+
+
+def schema_parts(sink: SinkConfig, database: str, stream: str, captured: tuple[str, ...], memory: Memory,
                  confirmed_lsn: int) -> tuple[SchemaTracker | None, SchemaEvents | None]:
-    """A sink's schema-event parts when it has ``schema_events`` (else none): its tracker, its
+    """A sink's schema-event parts when it has ``schema_events`` (else none): its tracker, with its
     tables' records read back for a restart from ``confirmed_lsn``, and its partitions' events,
-    which look in ``stream``. Refuses a stream that would not store the events (one set up to
-    capture the change subjects only)."""
+    which look in ``stream``. Refuses a stream that would not store the events (one that captures,
+    ``captured``, the change subjects only)."""
     if not sink.schema_events:
         return None, None
     wanted = schema_pattern(sink.destination.subject_prefix, database)
-    if not any(covers(pattern, wanted) for pattern in stream.subjects):
+    if not any(covers(pattern, wanted) for pattern in captured):
         raise FatalError(
-            f"sink '{sink.name}' has schema_events, but stream {stream.name} does not capture {wanted} (it captures "
-            f"{', '.join(stream.subjects)}): add that subject to the stream, or set schema_events: false")
+            f"sink '{sink.name}' has schema_events, but stream {stream} does not capture {wanted} (it captures "
+            f"{', '.join(captured)}): add that subject to the stream, or set schema_events: false")
     tracker = SchemaTracker(baselines(memory.schema_records(), confirmed_lsn), memory.record_schema)
-    return tracker, SchemaEvents(sink, database, functools.partial(memory.last_message, stream.name))
+    return tracker, SchemaEvents(sink, database, functools.partial(memory.last_message, stream))
 
 
 def _timestamp(micros: int) -> str:
