@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from connectors.postgres.types import TypeSpecs, loaders_for
-from core.events import BARRIER, ColumnShape, RawChange, ReadOf, SchemaChange, Shape, Table
+from core.events import BARRIER, TRANSACTION_END, ColumnShape, Commit, RawChange, ReadOf, SchemaChange, Shape, Table
 from core.ids import IdScheme
 from core.subjects import covers, schema_pattern, schema_subject
 from core.wire import DESCRIBE, SCHEMA, Item
@@ -304,3 +304,16 @@ def test_a_stream_capturing_the_database_takes_schema_events() -> None:
     assert schema_subject("wf", "app", "public", "orders") == "wf.app.public.orders.schema"
     assert covers("wf.app.>", schema_pattern("wf", "app"))
     assert not covers("wf.app.*.*.insert", schema_pattern("wf", "app"))
+
+
+def test_in_an_atomic_sink_the_event_is_in_its_transactions_unit_before_the_change() -> None:
+    sink = make_sink(schema_events=True, transactions="atomic")
+    database = make_database()
+    render = Render(sink, database, Shaping(sink, database, 0, None, None, ("sequin.>",)),
+                    schema_events=SchemaEvents(sink, "app", lambda subject: None))
+    dispatch = Dispatch(sink, schema=SchemaTracker({}, Memory()), commits=True)
+    dispatch.route([change(version(), 100), Commit("app", 100, 9, TS)])
+    (routed,) = dispatch.route([change(version(identity="full"), 200), Commit("app", 200, 9, TS)])
+    messages = render([routed[1]], ROOM)
+    assert [m.subject.rsplit(b".", 1)[-1] for m in messages] == [b"schema", b"insert", b""]
+    assert messages[2] is TRANSACTION_END
