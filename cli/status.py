@@ -68,10 +68,11 @@ from cli.probe import (
 from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
 from connectors.nats.regression import Regression
-from connectors.nats.state import recorded_regression
+from connectors.nats.state import recorded_regression, recorded_schemas
 from connectors.postgres.backfill_progress import progress_text
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT
+from transforms.schema_events import last_changes
 
 VERDICTS: Final = {Level.OK: "healthy", Level.INFO: "healthy", Level.WARN: "degraded", Level.FAIL: "down"}
 EXIT: Final = {"healthy": 0, "degraded": 1, "down": 2}
@@ -221,7 +222,8 @@ async def _probe_sink(sink: SinkConfig, slot: str | None) -> tuple[list[Finding]
         return [Finding(about, Level.FAIL, exc.text, exc.fix)], details
     details["nats_reachable"] = True
     try:
-        return await _sink_stream(nc, sink, details) + await _regression(nc, sink, slot, details), details
+        return (await _sink_stream(nc, sink, details) + await _regression(nc, sink, slot, details)
+                + await _schema_changes(nc, sink, slot, details)), details
     except ProbeError as exc:
         return [Finding(about, Level.FAIL, exc.text, exc.fix)], details
     except Refused:
@@ -275,6 +277,17 @@ async def _regression(nc: ProbeClient, sink: SinkConfig, slot: str | None,
                     "acknowledged longer ago than confirm_delay_ms: changes may be missing from it",
                     "backfill the tables the sink reads; raise destination.confirm_delay_ms to at least the servers' "
                     "sync_interval")]
+
+
+async def _schema_changes(nc: ProbeClient, sink: SinkConfig, slot: str | None,
+                          details: dict[str, Any]) -> list[Finding]:
+    """Each table's last change of shape, as the sink's schema events reported it."""
+    if not sink.schema_events or slot is None:
+        return []
+    changed = last_changes(await recorded_schemas(nc, sink.database, slot, sink.name))
+    details["schema_changes"] = [{"table": table, "last_change": words} for table, words in changed]
+    return [Finding(f"sink {sink.name}", Level.INFO, f"table {table} last changed shape: {words}")
+            for table, words in changed]
 
 
 async def _probe_sinks(sinks: list[SinkConfig], slots: dict[str, str]) -> list[tuple[list[Finding], dict[str, Any]]]:

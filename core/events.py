@@ -162,6 +162,11 @@ class Table:
     #: Names this version in the items that cross to a sink partition (random: unique
     #: across the processes of a cluster and the sessions of a run).
     uid: int = field(default_factory=_new_uid, repr=False)
+    #: Per column, its type as the database names it with its modifier (``character varying(20)``):
+    #: what a schema event reports (empty: the source did not say).
+    type_names: tuple[str, ...] = field(default=(), repr=False)
+    #: The source's replica identity (Postgres: ``default``, ``nothing``, ``full``, ``index``; empty: not said).
+    replica_identity: str = ""
     #: ``schema.table``, as the config writes tables.
     qualified: str = field(init=False, repr=False)
     #: Column name → position in a raw row.
@@ -179,12 +184,14 @@ class Table:
         if self.rebuild is None:
             raise TypeError(f"table {self.qualified} was described without a way to rebuild its loaders elsewhere")
         return _rebuilt, (self.schema, self.name, self.columns, self.key_columns, self.identity_columns,
-                          self.database, self.relid, self.rebuild, self.types, self.uid)
+                          self.database, self.relid, self.rebuild, self.types, self.uid, self.type_names,
+                          self.replica_identity)
 
 
 def _rebuilt(schema: str, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...],
              identity_columns: tuple[str, ...], database: str, relid: int,
-             rebuild: Callable[[TypeSpecs], tuple[Loader, ...]], types: TypeSpecs, uid: int) -> Table:
+             rebuild: Callable[[TypeSpecs], tuple[Loader, ...]], types: TypeSpecs, uid: int,
+             type_names: tuple[str, ...], replica_identity: str) -> Table:
     """A :class:`Table` unpickled in another process, its loaders rebuilt there. This runs
     inside Bytewax's exchange, where an exception surfaces only as a panic of its thread:
     what failed is logged first."""
@@ -195,7 +202,8 @@ def _rebuilt(schema: str, name: str, columns: tuple[str, ...], key_columns: tupl
             "table %s.%s of database %s: its loaders could not be rebuilt in this process from %r",
             schema, name, database, types)
         raise
-    return Table(schema, name, columns, key_columns, identity_columns, loaders, database, relid, rebuild, types, uid)
+    return Table(schema, name, columns, key_columns, identity_columns, loaders, database, relid, rebuild, types, uid,
+                 type_names, replica_identity)
 
 
 class ReadOf(NamedTuple):
@@ -248,6 +256,39 @@ class Commit(NamedTuple):
     commit_lsn: int
     xid: int
     commit_ts: datetime
+
+
+class ColumnShape(NamedTuple):
+    """One column of a table's shape as a schema event reports it."""
+
+    name: str
+    type: str
+    #: One of the table's :attr:`Table.key_columns` (what identifies a row, ``record_pks``).
+    key: bool
+
+
+class Shape(NamedTuple):
+    """What a schema event compares between two versions of a table: its columns in order, each
+    with its type and whether it is a key column, and its replica identity. Plain data: it pickles
+    across processes and is kept as JSON in the sink's memory (``connectors/nats/state.py``)."""
+
+    columns: tuple[ColumnShape, ...]
+    replica_identity: str
+
+
+class SchemaChange(NamedTuple):
+    """A table the sink publishes changed shape: the old and the new, and where the first change
+    of the new shape stands (its position and commit time in Unix microseconds). Made on the slot's
+    worker (``transforms/schema_events.py``), it crosses to every sink partition that receives a
+    change of the new shape, ahead of the first (``core/wire.py``)."""
+
+    schema: str
+    table: str
+    old: Shape
+    new: Shape
+    commit_lsn: int
+    commit_idx: int
+    commit_us: int
 
 
 class Change(NamedTuple):

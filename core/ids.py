@@ -20,6 +20,12 @@ forms: ``"<database>/<sink>/read/<backfill id>/<row key>"``. A chunk that is rea
 after a crash may hold other rows at other positions, but every row it shares with the
 first read gets the same id, so the stream keeps one copy (:class:`core.events.ReadOf`).
 Such ids name no position: :meth:`IdScheme.decode` returns None for them.
+
+A schema event (``transforms/schema_events.py``) is named by the position of the first change
+of its table's new shape, in both forms: ``"<database>/<sink>/schema/<lsn>:<idx>"`` (a position
+names one change, so one table). Every sink partition that publishes a copy gives it this id;
+:meth:`IdScheme.decode` returns None for it too, so the replay scan never takes it for the
+change at that position.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ def row_key(texts: Sequence[RawValue | object]) -> str:
 class IdScheme:
     """The ids of one sink of one database, in the form its ``destination.msg_id`` names."""
 
-    __slots__ = ("_prefix_bytes", "_read_prefix", "msg_id", "prefix")
+    __slots__ = ("_prefix_bytes", "_read_prefix", "_schema_prefix", "msg_id", "prefix")
 
     def __init__(self, database: str, sink: str, msg_id: IdForm = "walflow") -> None:
         self.msg_id: IdForm = msg_id
@@ -61,6 +67,7 @@ class IdScheme:
         self.prefix = names if msg_id == "walflow" else ""
         self._prefix_bytes = self.prefix.encode()
         self._read_prefix = names.encode() + b"read/"  # reads name the sink in both forms
+        self._schema_prefix = names.encode() + b"schema/"  # and so do schema events
 
     def encode(self, lsn: int, idx: int) -> bytes:
         """The id of the change at ``(lsn, idx)``, as ASCII bytes (it goes into the payload as is)."""
@@ -69,6 +76,10 @@ class IdScheme:
     def encode_read(self, backfill: str, row_key: str) -> bytes:
         """The id of the row ``row_key`` read by backfill ``backfill``."""
         return b2a_base64(b"%s%s/%s" % (self._read_prefix, backfill.encode(), row_key.encode()), newline=False)
+
+    def encode_schema(self, lsn: int, idx: int) -> bytes:
+        """The id of the schema event before the first change of a new shape, at ``(lsn, idx)``."""
+        return b2a_base64(b"%s%d:%d" % (self._schema_prefix, lsn, idx), newline=False)
 
     def is_read(self, msg_id: str) -> bool:
         """Whether ``msg_id`` is one of this sink's reads."""

@@ -6,7 +6,9 @@ each name one token by :func:`core.tokens.subject_token`'s reversible escape; th
 dot-separated safe tokens. A database's subjects are those under :func:`database_root`:
 ``<prefix>.<database>.>`` (:func:`database_subjects`) is what a stream walflow creates
 captures and what an unrouted sink's replay scan reads; :func:`action_patterns`, one per
-published action, are what a stream must capture to take every change of the database.
+published action, are what a stream must capture to take every change of the database. A table's
+schema events (a sink's ``schema_events``) are on ``<prefix>.<database>.<schema>.<table>.schema``
+(:func:`schema_subject`, all of them :func:`schema_pattern`).
 
 Whether a subject may be published on at all is NATS's rule (:func:`subject_problem`), and
 whether a stream's pattern takes it, JetStream's (:func:`covers`, :func:`tokens_cover`).
@@ -23,6 +25,8 @@ from core.tokens import subject_token
 
 #: The actions that appear as a subject's last token (truncates are not published).
 PUBLISHED_ACTIONS: Final = ("insert", "update", "delete", "read")
+#: The last token of a schema event's subject.
+SCHEMA_TOKEN: Final = "schema"
 #: The longest subject walflow publishes on, in bytes of UTF-8: the server reads it in a control
 #: line it caps at 4 KiB by default and closes the connection over.
 MAX_SUBJECT_BYTES: Final = 1024
@@ -32,6 +36,16 @@ MAX_SUBJECT_BYTES: Final = 1024
 def subject(prefix: str, database: str, schema: str, table: str, action: str) -> str:
     """The subject of one change: ``<prefix>.<database>.<schema>.<table>.<action>``, names escaped."""
     return ".".join((prefix, subject_token(database), subject_token(schema), subject_token(table), subject_token(action)))
+
+
+def schema_subject(prefix: str, database: str, schema: str, table: str) -> str:
+    """The subject of a table's schema events: ``<prefix>.<database>.<schema>.<table>.schema``."""
+    return subject(prefix, database, schema, table, SCHEMA_TOKEN)
+
+
+def schema_pattern(prefix: str, database: str) -> str:
+    """The pattern of every schema event's subject of ``database``."""
+    return f"{database_root(prefix, database)}*.*.{SCHEMA_TOKEN}"
 
 
 def database_root(prefix: str, database: str) -> str:

@@ -15,6 +15,10 @@ The items on the way to one sink partition, told apart by their first element:
 - ``(DESCRIBE, table)``: a table version, sent to a partition before the first change that
   names it (it pickles as plain data, see :class:`core.events.Table`);
 - ``(FORGET, uid)``: no later change on this partition names that version;
+- ``(SCHEMA, change)``: a :class:`core.events.SchemaChange`, right after the description of
+  the table version whose shape it reports and before that version's first change on this
+  partition; only to a sink with ``schema_events``, to every partition that gets a change of
+  the new shape (the copies share one ``Nats-Msg-Id``: ``transforms/schema_events.py``);
 - ``(COMMIT, commit_lsn, xid, commit time in Unix microseconds)``: the transaction at
   ``commit_lsn`` ended, and this partition had its last change the sink publishes. Sent only
   to a sink that publishes in commit order (``SinkConfig.in_commit_order``: atomic batches,
@@ -30,19 +34,21 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from core.events import Action, Commit, RawChange, RawRow, Table
+from core.events import Action, Commit, RawChange, RawRow, SchemaChange, Table
 
 #: The first element of a table description and of a forgotten version's item.
 DESCRIBE: Final = "describe"
 FORGET: Final = "forget"
 #: The first element of a transaction's end.
 COMMIT: Final = "commit"
+#: The first element of a table's change of shape.
+SCHEMA: Final = "schema"
 
 #: A change as it crosses (see the module docstring for the fields).
 Packed = tuple[int, Action, RawRow | None, RawRow | None, bool, int, int, int, int,
                tuple[str, str, str] | None, bytes | None, int]
 #: Anything a sink partition receives from the slot's worker.
-Item = Packed | tuple[str, Table] | tuple[str, int] | tuple[str, int, int, int]
+Item = Packed | tuple[str, Table] | tuple[str, int] | tuple[str, int, int, int] | tuple[str, SchemaChange]
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _US: Final = timedelta(microseconds=1)

@@ -47,6 +47,7 @@ from transforms.differences import differences
 from transforms.dispatch import Dispatch
 from transforms.render import Render
 from transforms.route import replay_subjects
+from transforms.schema_events import SchemaTracker, schema_parts
 from transforms.shape import Shaping
 
 log = logging.getLogger("walflow.sequin")
@@ -88,6 +89,7 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
     replay scan run) here, before any part is built."""
     slots: list[Slot] = []
     publishers: dict[str, tuple[SinkConfig, JetStreamSink]] = {}
+    trackers: dict[str, SchemaTracker | None] = {}
     secret = None if config.walflow.mask_secret is None else config.walflow.mask_secret.get_secret_value()
     databases = databases_for(config)
     cluster = this_cluster()
@@ -106,13 +108,15 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
         targets = {sink.name: SinkTarget.prepare(sink, db.name, runtime, replay_from=replay_from,
                                                  scanned=replay_subjects(sink, db.name), peers=config.sinks)
                    for sink in sinks}
+        memories = {name: SinkMemory(target.connection, runtime, db.name, db.slot.name, name)
+                    for name, target in targets.items()}
         for sink in sinks:  # shaping checks routed subjects against the stream found
             target = targets[sink.name]
             shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, target.stream.subjects)
-            render = functools.partial(Render, sink, db, shaping, runtime.metrics)
+            trackers[sink.name], events = schema_parts(sink, db.name, target.stream.name, target.stream.subjects,
+                                                       memories[sink.name], replay_from)
+            render = functools.partial(Render, sink, db, shaping, runtime.metrics, events)
             publishers[sink.name] = (sink, JetStreamSink(target, render, publishes=publishing))
-        memories = {name: SinkMemory(target.connection, runtime, db.name, db.slot.name, name)
-                    for name, target in targets.items()}
         _repairing(runtime, memories)
         slots.append(Slot(db, tuple(sinks), InitialBackfills(db, sinks, memories, config.walflow.backfill),
                           max(target.horizon for target in targets.values()),
@@ -125,7 +129,7 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
     commits = any(slot.commits for slot in slots)  # every slot's changes and Commits reach every dispatch
     for name, (sink, publish) in publishers.items():
         step = _step(name)
-        dispatch = Dispatch(sink, runtime.metrics, commits=commits)
+        dispatch = Dispatch(sink, runtime.metrics, commits=commits, schema=trackers[name])
         routed = op.flat_map_batch(f"{step}_dispatch", changes, runtime.guarded(f"sink {name}: dispatching", dispatch.route))
         op.output(f"{step}_publish", routed, publish)
     return flow

@@ -21,7 +21,9 @@ For each change of a batch, in order:
    Relation message for the relation, another read of a backfill's table), ``(FORGET, uid)``
    to each partition that had it, so a partition keeps the versions still in use only
    (and never more than :data:`MAX_VERSIONS`). A version that comes back is described
-   again: nothing depends on a version being seen once.
+   again: nothing depends on a version being seen once. For a sink with ``schema_events``,
+   a new version whose shape differs from its table's last (:mod:`transforms.schema_events`)
+   is followed on each partition by ``(SCHEMA, change)``, right after its description.
 
 What is sent where is this step's own state, not snapshotted: after a restart every
 partition is rebuilt empty and every version described again before its first change.
@@ -34,11 +36,12 @@ from typing import Final
 from zlib import adler32
 
 from config.schema import SinkConfig
-from core.events import Commit, RawChange
+from core.events import Commit, RawChange, SchemaChange
 from core.metrics import Metrics
-from core.wire import DESCRIBE, FORGET, Item, pack, pack_commit
+from core.wire import DESCRIBE, FORGET, SCHEMA, Item, pack, pack_commit
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
+from transforms.schema_events import SchemaTracker
 
 #: A table version's lineage: its relation, and the backfill its reads belong to (None: the stream).
 _Lineage = tuple[int, str | None]
@@ -54,10 +57,11 @@ class Dispatch:
     """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, items)`` pairs."""
 
     def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS,
-                 commits: bool = False) -> None:
+                 commits: bool = False, schema: SchemaTracker | None = None) -> None:
         """``commits``: the slot's output holds a :class:`~core.events.Commit` after each
         transaction (a sink of the slot publishes in commit order): this one forwards them
-        if it publishes in commit order itself, and passes over them else."""
+        if it publishes in commit order itself, and passes over them else. ``schema``: the
+        sink's tables' shapes, for a sink with ``schema_events``."""
         self._commits = commits
         self._ordered = sink.in_commit_order
         self._database = sink.database
@@ -72,6 +76,9 @@ class Dispatch:
         self._sent: dict[int, tuple[_Lineage, set[int]]] = {}
         #: lineage → the uid of its current version.
         self._current: dict[_Lineage, int] = {}
+        self._schema = schema
+        #: uid of a tracked table version → the change of shape it brought.
+        self._reshaped: dict[int, SchemaChange] = {}
 
     def route(self, changes: Sequence[RawChange | Commit]) -> list[tuple[str, list[Item]]]:
         """A batch's items, one list per partition it touches, each in the batch's order."""
@@ -117,6 +124,8 @@ class Dispatch:
             if partition not in have:
                 have.add(partition)
                 items.append((DESCRIBE, table))
+                if (reshaped := self._reshaped.get(table.uid)) is not None:
+                    items.append((SCHEMA, reshaped))
             items.append(pack(change, hash(grouped)))
         return change
 
@@ -131,12 +140,15 @@ class Dispatch:
         if len(self._sent) >= self._max_versions:
             self._forget(next(iter(self._sent)), out)
         self._current[lineage] = table.uid
+        if self._schema is not None and read is None and (reshaped := self._schema.seen(change)) is not None:
+            self._reshaped[table.uid] = reshaped
         have: set[int] = set()
         self._sent[table.uid] = (lineage, have)
         return have
 
     def _forget(self, uid: int, out: dict[int, list[Item]]) -> None:
         lineage, had = self._sent.pop(uid)
+        self._reshaped.pop(uid, None)
         if self._current.get(lineage) == uid:
             del self._current[lineage]
         for partition in sorted(had):

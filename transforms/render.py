@@ -40,12 +40,13 @@ from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
-from core.wire import COMMIT, DESCRIBE, FORGET, Item, commit_time
+from core.wire import COMMIT, DESCRIBE, FORGET, SCHEMA, Item, commit_time
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
 from transforms.envelope import Envelope
 from transforms.record import record_and_changes
+from transforms.schema_events import SchemaEvents
 from transforms.shape import Plan, Shaping
 
 #: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table
@@ -77,8 +78,10 @@ class Render:
     """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
 
     def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, schema_events: SchemaEvents | None = None) -> None:
+        """``schema_events``: a sink's with ``schema_events``, which turns the ``SCHEMA`` items into messages."""
         self._sink = sink
+        self._schema_events = schema_events
         self._database = database
         self._envelope = Envelope(sink, database)
         self._debezium = Debezium(sink, database) if sink.envelope == "debezium" else None
@@ -144,6 +147,10 @@ class Render:
                     plans.pop(item[1], None)  # type: ignore[arg-type]
                 elif head == COMMIT and atomic:
                     out.append(TRANSACTION_END)
+                elif head == SCHEMA and self._schema_events is not None:
+                    event = self._schema_events.message(item[1])  # type: ignore[arg-type]
+                    if event is not None:
+                        out.append(event)
         if not pending:
             self._dead.flush()
             return out  # type: ignore[return-value]  # no None among them

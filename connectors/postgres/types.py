@@ -91,6 +91,11 @@ ORDER BY k.ord
 """
 
 #: A partition's parent (Sequin's query: the immediate parent, also for inheritance children).
+_TYPE_NAMES_QUERY = """
+SELECT format_type(t.oid, t.typmod) FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(oid, typmod, i) ORDER BY t.i
+"""
+#: pgoutput's replica identity letters, as ``ALTER TABLE … REPLICA IDENTITY`` words them.
+_REPLICA_IDENTITY_NAMES: Final = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 _PARENT_QUERY = """
 SELECT pn.nspname, pc.relname
 FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhparent JOIN pg_namespace pn ON pn.oid = pc.relnamespace
@@ -368,7 +373,16 @@ class Catalog:
             relid=relation.relid,
             rebuild=loaders_for,
             types=self._specs(relation),
+            type_names=self._type_names_of(relation),
+            replica_identity=_REPLICA_IDENTITY_NAMES.get(relation.replica_identity, relation.replica_identity),
         )
+
+    def _type_names_of(self, relation: Relation) -> tuple[str, ...]:
+        """Each column's type as ``format_type`` names it with its modifier, in one query: what a
+        schema event reports (``transforms/schema_events.py``)."""
+        rows = self._conn.execute(_TYPE_NAMES_QUERY, [[c.type_oid for c in relation.columns],
+                                                      [c.typmod for c in relation.columns]]).fetchall()
+        return tuple(str(row[0]) for row in rows)
 
     def _specs(self, relation: Relation) -> TypeSpecs:
         """The relation's columns' types as :class:`TypeSpecs` (after :meth:`loader` resolved them)."""
