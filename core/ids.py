@@ -26,6 +26,10 @@ of its table's new shape, in both forms: ``"<database>/<sink>/schema/<lsn>:<idx>
 names one change, so one table). Every sink partition that publishes a copy gives it this id;
 :meth:`IdScheme.decode` returns None for it too, so the replay scan never takes it for the
 change at that position.
+
+A transaction's markers (``transforms/transactions.py``) are named by its commit LSN, in both
+forms: ``"<database>/<sink>/begin/<lsn>"`` and ``".../end/<lsn>"``. :meth:`IdScheme.marker_lsn`
+reads the LSN back, so the replay scan finds a stored marker of a transaction published again.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def row_key(texts: Sequence[RawValue | object]) -> str:
 class IdScheme:
     """The ids of one sink of one database, in the form its ``destination.msg_id`` names."""
 
-    __slots__ = ("_prefix_bytes", "_read_prefix", "_schema_prefix", "msg_id", "prefix")
+    __slots__ = ("_marker_prefix", "_prefix_bytes", "_read_prefix", "_schema_prefix", "msg_id", "prefix")
 
     def __init__(self, database: str, sink: str, msg_id: IdForm = "walflow") -> None:
         self.msg_id: IdForm = msg_id
@@ -68,6 +72,7 @@ class IdScheme:
         self._prefix_bytes = self.prefix.encode()
         self._read_prefix = names.encode() + b"read/"  # reads name the sink in both forms
         self._schema_prefix = names.encode() + b"schema/"  # and so do schema events
+        self._marker_prefix = names.encode()  # and transactions' markers, then begin/ or end/
 
     def encode(self, lsn: int, idx: int) -> bytes:
         """The id of the change at ``(lsn, idx)``, as ASCII bytes (it goes into the payload as is)."""
@@ -80,6 +85,20 @@ class IdScheme:
     def encode_schema(self, lsn: int, idx: int) -> bytes:
         """The id of the schema event before the first change of a new shape, at ``(lsn, idx)``."""
         return b2a_base64(b"%s%d:%d" % (self._schema_prefix, lsn, idx), newline=False)
+
+    def encode_marker(self, kind: Literal["begin", "end"], lsn: int) -> str:
+        """The id of the BEGIN or END marker of the transaction committed at ``lsn``."""
+        return b2a_base64(b"%s%s/%d" % (self._marker_prefix, kind.encode(), lsn), newline=False).decode()
+
+    def marker_lsn(self, msg_id: str) -> int | None:
+        """The commit LSN a marker's id names; None for any other id."""
+        text = self._text(msg_id)
+        if not text.startswith(self._marker_prefix):
+            return None
+        kind, sep, lsn = text[len(self._marker_prefix) :].partition(b"/")
+        if not sep or kind not in (b"begin", b"end") or not lsn.isdigit() or len(lsn) > 20:
+            return None
+        return int(lsn)
 
     def is_read(self, msg_id: str) -> bool:
         """Whether ``msg_id`` is one of this sink's reads."""

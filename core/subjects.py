@@ -43,6 +43,12 @@ def schema_subject(prefix: str, database: str, schema: str, table: str) -> str:
     return subject(prefix, database, schema, table, SCHEMA_TOKEN)
 
 
+def transaction_subject(prefix: str, database: str, kind: str) -> str:
+    """``<prefix>.<database>._transaction.<kind>`` (``begin``, ``end``): four tokens, never a
+    change's subject (five)."""
+    return ".".join((prefix, subject_token(database), "_transaction", kind))
+
+
 def schema_pattern(prefix: str, database: str) -> str:
     """The pattern of every schema event's subject of ``database``."""
     return f"{database_root(prefix, database)}*.*.{SCHEMA_TOKEN}"

@@ -19,6 +19,8 @@ The items on the way to one sink partition, told apart by their first element:
   the table version whose shape it reports and before that version's first change on this
   partition; only to a sink with ``schema_events``, to every partition that gets a change of
   the new shape (the copies share one ``Nats-Msg-Id``: ``transforms/schema_events.py``);
+- ``(BEGIN, commit_lsn, xid, commit time in Unix microseconds)``: before the first change of
+  a transaction that a sink with ``transaction_markers`` publishes (one partition);
 - ``(COMMIT, commit_lsn, xid, commit time in Unix microseconds)``: the transaction at
   ``commit_lsn`` ended, and this partition had its last change the sink publishes. Sent only
   to a sink that publishes in commit order (``SinkConfig.in_commit_order``: atomic batches,
@@ -39,8 +41,9 @@ from core.events import Action, Commit, RawChange, RawRow, SchemaChange, Table
 #: The first element of a table description and of a forgotten version's item.
 DESCRIBE: Final = "describe"
 FORGET: Final = "forget"
-#: The first element of a transaction's end.
+#: The first element of a transaction's end, and of its start (for markers).
 COMMIT: Final = "commit"
+BEGIN: Final = "begin"
 #: The first element of a table's change of shape.
 SCHEMA: Final = "schema"
 

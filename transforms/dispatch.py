@@ -38,7 +38,7 @@ from zlib import adler32
 from config.schema import SinkConfig
 from core.events import Commit, RawChange, SchemaChange
 from core.metrics import Metrics
-from core.wire import DESCRIBE, FORGET, SCHEMA, Item, pack, pack_commit
+from core.wire import BEGIN, DESCRIBE, FORGET, SCHEMA, Item, pack, pack_commit
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 from transforms.schema_events import SchemaTracker
@@ -64,6 +64,7 @@ class Dispatch:
         sink's tables' shapes, for a sink with ``schema_events``."""
         self._commits = commits
         self._ordered = sink.in_commit_order
+        self._begins = sink.transaction_markers
         self._database = sink.database
         #: The commit LSN of the transaction this sink routed a change of last.
         self._routed_lsn: int | None = None
@@ -96,16 +97,31 @@ class Dispatch:
         start = 0
         for i, item in enumerate(changes):
             if type(item) is Commit:
-                last = self._route(changes[start:i], out)  # type: ignore[arg-type]  # none between
+                last = self._segment(changes[start:i], out)  # type: ignore[arg-type]  # none between
                 start = i + 1
                 if last is not None and last.read is None:
                     self._routed_lsn = last.commit_lsn
                 if self._ordered and item.commit_lsn == self._routed_lsn and item.database == self._database:
                     out.setdefault(0, []).append(pack_commit(item))
                     self._routed_lsn = None
-        last = self._route(changes[start:], out)  # type: ignore[arg-type]
+        last = self._segment(changes[start:], out)  # type: ignore[arg-type]
         if last is not None and last.read is None:
             self._routed_lsn = last.commit_lsn
+
+    def _segment(self, changes: Sequence[RawChange], out: dict[int, list[Item]]) -> RawChange | None:
+        """Route the changes between two Commits (all of one transaction); for a sink with
+        markers, a BEGIN before the first of them it routes when that starts a transaction."""
+        if not self._begins:
+            return self._route(changes, out)
+        routed: dict[int, list[Item]] = {}
+        last = self._route(changes, routed)
+        if items := routed.get(0):
+            first = next((item for item in items if type(item[0]) is int), None)
+            into = out.setdefault(0, [])
+            if first is not None and first[9] is None and first[5] != self._routed_lsn:
+                into.append((BEGIN, first[5], first[8], first[7]))
+            into.extend(items)
+        return last
 
     def _route(self, changes: Sequence[RawChange], out: dict[int, list[Item]]) -> RawChange | None:
         """Add the items of ``changes`` the sink publishes to ``out``; the last of them (None: none)."""

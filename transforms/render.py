@@ -40,7 +40,7 @@ from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
-from core.wire import COMMIT, DESCRIBE, FORGET, SCHEMA, Item, commit_time
+from core.wire import BEGIN, COMMIT, DESCRIBE, FORGET, SCHEMA, Item, commit_time
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
@@ -48,6 +48,7 @@ from transforms.envelope import Envelope
 from transforms.record import record_and_changes
 from transforms.schema_events import SchemaEvents
 from transforms.shape import Plan, Shaping
+from transforms.transactions import BLOCK_ROOM, Markers, Note
 
 #: A planned change waiting for its batch's enrichment: its place in the output, plan, change, table
 #: version, and the item it came as (its texts, should its message not fit).
@@ -88,6 +89,8 @@ class Render:
         self._shaping = shaping
         #: ``transactions: atomic``: the output marks where each unit ends (:data:`~core.events.TRANSACTION_END`).
         self._atomic = sink.transactions == "atomic"
+        #: ``transaction_markers``: BEGIN and END put in around each transaction (:mod:`transforms.transactions`).
+        self._markers = Markers(sink, database) if sink.transaction_markers else None
         #: uid → the table version it names, as described on this partition, and its plan.
         self._tables: dict[int, Table] = {}
         self._plans: dict[int, Plan | None] = {}
@@ -111,7 +114,10 @@ class Render:
         publisher counts them)."""
         out: list[Message | None] = []
         pending: list[_Pending] = []
-        envelope, tables, plans, atomic = self._envelope, self._tables, self._plans, self._atomic
+        notes: list[Note] = []  # where each BEGIN and COMMIT fell in out, for the markers
+        envelope, tables, plans, atomic, markers = self._envelope, self._tables, self._plans, self._atomic, self._markers
+        if markers is not None:
+            room -= BLOCK_ROOM  # a Debezium payload's transaction block is filled in after
         # a change's payload within this fits whatever its id (one check per message on the unshaped
         # path; a read's id names its row's key, of no fixed length: reads are measured whole)
         fits = room - self._longest_id
@@ -145,18 +151,26 @@ class Render:
                 elif head == FORGET:
                     tables.pop(item[1], None)  # type: ignore[arg-type]
                     plans.pop(item[1], None)  # type: ignore[arg-type]
-                elif head == COMMIT and atomic:
-                    out.append(TRANSACTION_END)
+                elif head == COMMIT:
+                    if markers is not None:
+                        notes.append((len(out), item))  # type: ignore[arg-type]
+                    if atomic:
+                        out.append(TRANSACTION_END)
+                elif head == BEGIN:
+                    notes.append((len(out), item))  # type: ignore[arg-type]
                 elif head == SCHEMA and self._schema_events is not None:
                     event = self._schema_events.message(item[1])  # type: ignore[arg-type]
                     if event is not None:
                         out.append(event)
-        if not pending:
+        if not pending and markers is None:
             self._dead.flush()
             return out  # type: ignore[return-value]  # no None among them
-        self._shape(pending, out, room)
-        self._filtered.flush()
+        if pending:
+            self._shape(pending, out, room)
+            self._filtered.flush()
         self._dead.flush()
+        if markers is not None:
+            return markers.place(out, notes)
         return [message for message in out if message is not None]
 
     # -- the shaped path -----------------------------------------------------------------------

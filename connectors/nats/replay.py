@@ -32,9 +32,10 @@ log = logging.getLogger("walflow.nats")
 
 
 def _lsn(ids: IdScheme, msg_id: str) -> int | None:
-    """The commit LSN one of this pipeline's ids names; None for anyone else's."""
+    """The commit LSN one of this pipeline's ids names (a change's, or a transaction marker's);
+    None for anyone else's."""
     found = ids.decode(msg_id)
-    return None if found is None else found.lsn
+    return ids.marker_lsn(msg_id) if found is None else found.lsn
 
 
 async def already_published(
