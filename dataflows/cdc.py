@@ -49,6 +49,7 @@ from transforms.render import Render
 from transforms.route import replay_subjects
 from transforms.schema_events import SchemaTracker, schema_parts
 from transforms.shape import Shaping
+from transforms.transactions import check_captured
 
 log = logging.getLogger("walflow.sequin")
 log_flow = logging.getLogger("walflow.flow")
@@ -113,6 +114,7 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
         for sink in sinks:  # shaping checks routed subjects against the stream found
             target = targets[sink.name]
             shaping = Shaping(sink, db, config.sinks.index(sink), beside, secret, target.stream.subjects)
+            check_captured(sink, db.name, target.stream.name, target.stream.subjects)
             trackers[sink.name], events = schema_parts(sink, db.name, target.stream.name, target.stream.subjects,
                                                        memories[sink.name], replay_from)
             render = functools.partial(Render, sink, db, shaping, runtime.metrics, events)

@@ -34,9 +34,10 @@ from typing import Final, Literal
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
+from core.errors import FatalError
 from core.events import BARRIER, TRANSACTION_END, Message
 from core.ids import IdScheme
-from core.subjects import transaction_subject
+from core.subjects import covers, transaction_subject
 from core.wire import BEGIN, commit_time
 
 #: A Debezium payload's last field, as ``transforms/debezium.py`` writes it.
@@ -130,3 +131,15 @@ class Markers:
                           ("_transaction", kind), txn.ts_ms / 1000)
         message.row = self._row
         return message
+
+
+def check_captured(sink: SinkConfig, database: str, stream: str, captured: tuple[str, ...]) -> None:
+    """Refuse, at startup, a stream that would not store a sink's markers (one capturing the
+    change subjects only, ``<prefix>.<database>.*.*.*``): its publishes would find no stream."""
+    if not sink.transaction_markers:
+        return
+    wanted = transaction_subject(sink.destination.subject_prefix, database, "*")
+    if not any(covers(pattern, wanted) for pattern in captured):
+        raise FatalError(
+            f"sink '{sink.name}' has transaction_markers, but stream {stream} does not capture {wanted} (it captures "
+            f"{', '.join(captured)}): add that subject to the stream, or set transaction_markers: false")

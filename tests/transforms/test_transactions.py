@@ -7,12 +7,16 @@ import dataclasses
 import json
 from typing import Any
 
+import pytest
+
 from connectors.nats.replay import _lsn
+from core.errors import FatalError
 from core.events import BARRIER, TRANSACTION_END, Commit, Message, RawChange, ReadOf, Table
 from core.ids import IdScheme
 from tests.transforms.samples import ROOM, TS, TS_US, make_render, make_sink
 from tests.transforms.test_dispatch import typed_table
 from transforms.dispatch import Dispatch
+from transforms.transactions import check_captured
 
 
 def _refunds() -> Table:
@@ -86,3 +90,10 @@ def test_the_debezium_envelope_carries_each_events_place_in_its_transaction() ->
                       {"id": "7:500", "total_order": 3, "data_collection_order": 1}]
     (plain,) = _published([_txn(orders, 500, range(1))])
     assert "transaction" not in json.loads(plain[1].payload)  # Sequin's envelope stays Sequin's
+
+
+def test_a_stream_that_would_not_store_the_markers_is_refused_at_start() -> None:
+    sink = make_sink(transaction_markers=True)
+    check_captured(sink, "app", "S", ("sequin.>",))
+    with pytest.raises(FatalError, match=r"does not capture sequin\.app\._transaction\.\* .*add that subject"):
+        check_captured(sink, "app", "S", ("sequin.app.*.*.*",))
