@@ -60,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "columns (exclude inserted_at, rename updated_at, hash-mask string_field, keep_last 4 of "
                         "numeric_field), a where condition every row passes (id >= 0: as many messages as "
                         "unshaped), and the subject {prefix}.{database}.{schema}.{table}.{record.id}.{action} "
-                        "(one {record.COL} token, under <prefix>.<database>. which the stream captures). none: "
-                        "unshaped only")
+                        "(one {record.COL} token, under <prefix>.<database>. which the stream captures). atomic: "
+                        "transactions: atomic (issue 26; also over (b)'s large transaction); one-partition: "
+                        "partition_count: 1, what atomic's one partition costs by itself. none: unshaped only")
     parser.add_argument("--only", help=f"run only these parts, of {','.join(WORKLOADS)} [full: all; quick: all but "
                         "twodb]; the results' names then end in them (<date>-latency.md), so a whole run's stay. "
                         "twodb: one flow over two databases (two databases: entries, a slot, publication and "

@@ -435,7 +435,8 @@ def run(options: Options, out_dir: Path) -> int:
                     )
                 if o.runs("bulk"):
                     results["workloads"]["bulk"] = suite.workload(
-                        "bulk", others, lambda dsn, db: write_bulk(dsn, db, rows=o.bulk_rows)
+                        "bulk", others, lambda dsn, db: write_bulk(dsn, db, rows=o.bulk_rows),
+                        shaping=SHAPINGS[o.shaping],
                     )
                 if o.runs("latency"):
                     results["latency"] = suite.latency()

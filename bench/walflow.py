@@ -133,6 +133,11 @@ SHAPINGS: dict[str, Shaping | None] = {
         },
         mask_secret=MASK_SECRET,
     ),
+    # not shaping: other sink keys over the same WAL, compared the same way (issue 26)
+    "atomic": Shaping("atomic", "transactions: atomic (whole transactions as JetStream atomic batches, one partition)",
+                      {"transactions": "atomic"}),
+    "one-partition": Shaping("one-partition", "partition_count: 1 (one message at a time per change, one "
+                             "partition: what atomic's single partition costs by itself)", {"partition_count": 1}),
 }
 
 
