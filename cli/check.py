@@ -59,6 +59,7 @@ from cli.probe import (
     sample_slot,
     server,
     size,
+    stream_info,
     stream_plan,
     tables_read,
     worst,
@@ -68,7 +69,7 @@ from config.schema import Config, DatabaseConfig, SinkConfig
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.requests import _keyless
 from connectors.postgres.slot import _NO_IDENTITY_QUERY
-from core.subjects import database_subjects, subject
+from core.subjects import covers, database_subjects, schema_pattern, subject, transaction_subject
 
 NAMES: Final = {Level.OK: "pass", Level.INFO: "info", Level.WARN: "warn", Level.FAIL: "fail"}
 TAGS: Final = {Level.OK: "ok", Level.INFO: "note", Level.WARN: "warn", Level.FAIL: "FAIL"}
@@ -339,6 +340,23 @@ async def _check_sink(sink: SinkConfig, tables: tuple[str, ...]) -> list[Finding
     return findings
 
 
+async def _event_subjects(nc: ProbeClient, sink: SinkConfig, stream: str) -> list[Finding]:
+    """Whether ``stream`` stores the events a sink publishes beside its changes (transaction
+    markers, schema events): a stream capturing the change subjects only would not, and the
+    sink refuses it at start."""
+    prefix, database = sink.destination.subject_prefix, sink.database
+    wanted = [(setting, pattern) for setting, pattern, on in (
+        ("transaction_markers", transaction_subject(prefix, database, "*"), sink.transaction_markers),
+        ("schema_events", schema_pattern(prefix, database), sink.schema_events)) if on]
+    if not wanted:
+        return []
+    captured = (await stream_info(nc, stream))["subjects"]
+    return [Finding(f"sink {sink.name}", Level.FAIL, f"stream {stream} does not capture {pattern}, where the sink's "
+                    f"{setting} are published (it captures {', '.join(captured)})",
+                    fix=f"add {pattern} to the stream's subjects, or set {setting}: false")
+            for setting, pattern in wanted if not any(covers(p, pattern) for p in captured)]
+
+
 async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str, ...]) -> list[Finding]:
     about, dest = f"sink {sink.name}", sink.destination
     info = await account_info(nc, dest)
@@ -359,6 +377,8 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
     elif plan.action == "allow_atomic":
         findings.append(Finding(about, Level.OK, f"stream {plan.name} (created by walflow) does not allow atomic "
                                 "batches yet: walflow sets allow_atomic at start (transactions: atomic)"))
+    if plan.action in ("use", "allow_atomic") and plan.name is not None:
+        findings += await _event_subjects(nc, sink, plan.name)
     findings += await durability_checks(nc, sink, plan.name if plan.action in ("use", "extend", "allow_atomic") else None)
     target = _probe_subject(sink, tables)
     try:

@@ -15,6 +15,7 @@ import pytest
 from cli.probe import WouldChange, close_nats, open_nats
 from config.schema import NatsDestination
 from connectors.nats.stream import OWN_DESCRIPTION
+from core.subjects import action_patterns
 from embedded import NatsServer, PostgresServer
 from embedded._process import free_port
 from tests.backfill.helpers import stored_count
@@ -285,3 +286,29 @@ def test_an_atomic_sink_on_walflows_own_stream_is_told_what_start_will_set(
     assert _failed(out) == []
     out.finding("pass", f"stream {names.stream} (created by walflow) does not allow atomic batches yet: walflow sets "
                 "allow_atomic at start (transactions: atomic)")
+
+
+def test_a_stream_that_would_not_store_the_markers_fails(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    prefix = names.subject_prefix
+    add_stream(nats_srv.url, names.stream, [f"{prefix}.shop.*.*.*"])  # the change subjects only
+    config = edit(setup_events(database, names, nats_srv, tmp_path),
+                  lambda data: data["sinks"][0].update(transaction_markers=True, schema_events=True))
+    out = _check(config)
+    assert out.code == 1
+    markers = out.finding("fail", f"stream {names.stream} does not capture {prefix}.shop._transaction.*")
+    assert markers["fix"] == f"add {prefix}.shop._transaction.* to the stream's subjects, or set transaction_markers: false"
+    assert len(_failed(out)) == 1  # the schema events' subjects have five tokens: *.*.* captures them
+
+
+def test_a_stream_of_the_actions_only_would_not_store_schema_events(
+    database: Database, names: TestNames, nats_srv: Nats, stream_cleanup: str, tmp_path: Path
+) -> None:
+    prefix = names.subject_prefix
+    add_stream(nats_srv.url, names.stream, action_patterns(prefix, "shop"))  # one pattern per action
+    config = edit(setup_events(database, names, nats_srv, tmp_path),
+                  lambda data: data["sinks"][0].update(schema_events=True))
+    out = _check(config)
+    (failed,) = _failed(out)
+    assert failed.startswith(f"stream {names.stream} does not capture {prefix}.shop.*.*.schema"), failed
