@@ -42,7 +42,7 @@ from config.schema import DatabaseConfig, HealthSettings, NatsDestination, SinkC
 from connectors.nats.connection import _credentials_hint, connect_options, permission_error, sorted_as
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import ensure_stream
-from connectors.postgres.connection import conninfo
+from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
 from core.errors import NatsAuthError, NatsPermissionError, StreamSetupError, nats_error
@@ -173,15 +173,19 @@ def pg_connect(db: DatabaseConfig, purpose: str) -> psycopg.Connection[Any]:
 
 
 def database_problem(db: DatabaseConfig, exc: psycopg.Error) -> Finding:
-    """A database that could not be reached, or refused a probe's query."""
+    """A database that could not be reached (a TLS setup that failed: the pipeline's own fatal
+    line), or refused a probe's query."""
     if not isinstance(exc, psycopg.OperationalError):
         return Finding(f"database {db.name}", Level.FAIL, f"database '{db.name}' refused a query: {first_line(exc)}")
+    tls = tls_failure(db, exc)
+    if tls is not None:
+        return Finding(f"database {db.name}", Level.FAIL, str(tls))
     return Finding(
         f"database {db.name}",
         Level.FAIL,
         f"cannot reach database '{db.name}' at {db.hostname}:{db.port}/{db.database}: {first_line(exc)}",
         f"check that PostgreSQL runs there and lets '{db.username}' in (hostname, port, database, username, "
-        f"password and ssl of database '{db.name}' in the config)",
+        f"password and sslmode of database '{db.name}' in the config)",
     )
 
 

@@ -91,7 +91,8 @@ databases:
     database: app
     username: walflow
     password: ${PGPASSWORD}
-    ssl: true
+    sslmode: verify-full             # TLS, and the server must be db.internal by its certificate
+    sslrootcert: system              # the system's trusted CAs; else the path of your CA's PEM file
     slot: {name: walflow_slot, create_if_not_exists: true}
     publication: {name: walflow_pub, create_if_not_exists: true}
 """,

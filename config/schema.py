@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final, Literal
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
@@ -129,8 +130,17 @@ class AwaitDatabase(Section):
 
 #: Where a ``url``'s parts go; Sequin allows none of these keys beside a ``url``.
 _URL_KEYS = ("hostname", "port", "database", "username", "password")
-#: libpq's ``sslmode`` as walflow's ``ssl`` (``ssl: true`` is ``sslmode=require``, false ``prefer``).
-_SSLMODES = {"disable": False, "allow": False, "prefer": False, "require": True}
+#: libpq's ``sslmode``, weakest first, with libpq's meanings: ``disable`` never uses TLS;
+#: ``allow`` and ``prefer`` use it when the server (or whoever answers in its place) agrees;
+#: ``require`` always encrypts, but checks the certificate only against a ``sslrootcert``
+#: given (its CA, not its host name); ``verify-ca`` checks that the certificate is signed by
+#: ``sslrootcert``'s CA; ``verify-full`` also that it names ``hostname``.
+SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+_SSLMODES: Final[tuple[str, ...]] = get_args(SslMode)
+#: The modes that never send a byte without TLS (``ssl: true`` is the first).
+_ENCRYPTING: Final = frozenset({"require", "verify-ca", "verify-full"})
+#: The query parameters a ``url`` may hold, as libpq reads them: the database keys of those names.
+_URL_PARAMETERS: Final = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword")
 #: A flag as the schema reads one (``false``, ``"false"`` from a reference, ``0`` …).
 _FLAG = TypeAdapter(bool)
 
@@ -164,14 +174,25 @@ def _from_url(url: Any) -> tuple[dict[str, Any], str | None]:
         keys["username"] = username
     if colon:
         keys["password"] = password
+    # the query as libpq reads it (percent-decoded): its TLS parameters, under the keys of their names
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name != "sslmode":
-            return {}, f"the URL's parameter {name} is not supported; only sslmode is (as ssl:)"
-        if value not in _SSLMODES:
-            return {}, (f"sslmode={value} is not supported: walflow's ssl: true encrypts without verifying the "
-                        "server's certificate (sslmode=require); use sslmode=require, or disable/prefer")
-        keys["ssl"] = _SSLMODES[value]
+        if name not in _URL_PARAMETERS:
+            return {}, (f"the URL's parameter {name} is not supported; only {', '.join(_URL_PARAMETERS)} are "
+                        "(as the database keys of those names)")
+        if name in keys:
+            return {}, f"the URL gives {name} twice"
+        if name == "sslmode" and value not in _SSLMODES:
+            return {}, f"the URL's sslmode={value} is not one of libpq's: {', '.join(_SSLMODES)}"
+        keys[name] = value
     return keys, None
+
+
+def _root_certificate(value: str) -> str:
+    """``sslrootcert`` as libpq takes it: a file of CA certificates, or ``system`` (the system's trusted CAs)."""
+    if value != "system" and not Path(value).is_file():
+        raise ValueError(f"no file at {value}: give the PEM file of the CA that signed the server's certificate "
+                         "(or system, for the system's trusted CAs)")
+    return value
 
 
 class DatabaseConfig(Section):
@@ -193,7 +214,31 @@ class DatabaseConfig(Section):
     username: str = "postgres"
     #: None: libpq's own fallbacks apply (PGPASSWORD, ~/.pgpass).
     password: SecretStr | None = None
+    #: Sequin's flag: ``true`` is libpq's ``sslmode=require`` (encrypted, the server *not*
+    #: verified: walflow warns once per process, naming the keys to add); ``false`` or unset is
+    #: libpq's own default, ``prefer`` (TLS when the server offers it). ``false`` is not
+    #: ``disable``, although Sequin's ``false`` never tries TLS: ``prefer`` is never weaker on
+    #: the wire (a passive eavesdropper sees nothing when the server has TLS, an active one
+    #: can strip it under either), and configs that work today keep working. Given with
+    #: ``sslmode``, the two must agree (true: ``require`` or stronger; false: ``prefer`` or
+    #: weaker), or the config is refused: a contradiction is a mistake, and guessing which
+    #: key was meant could turn verification off.
     ssl: bool = False
+    #: libpq's ``sslmode`` (``disable``, ``allow``, ``prefer``, ``require``, ``verify-ca``,
+    #: ``verify-full``), with libpq's meanings; None: from ``ssl``. Only ``verify-full`` checks
+    #: that the server is the one ``hostname`` names; ``verify-ca`` accepts any server whose
+    #: certificate ``sslrootcert``'s CA signed.
+    sslmode: SslMode | None = None
+    #: The CA certificates (PEM) that verify the server; ``system``: the system's trusted CAs
+    #: (libpq's, with ``sslmode: verify-full`` only). None: libpq's ``~/.postgresql/root.crt``.
+    #: Refused with ``sslmode`` ``disable``, ``allow`` or ``prefer``, which never look at it.
+    sslrootcert: Annotated[str, AfterValidator(_root_certificate)] | None = None
+    #: A client certificate (PEM) for servers that ask for one (``clientcert`` in pg_hba.conf), with ``sslkey``.
+    sslcert: FilePath | None = None
+    #: ``sslcert``'s private key; libpq refuses a key file that others may read (mode 0600).
+    sslkey: FilePath | None = None
+    #: The passphrase of an encrypted ``sslkey``.
+    sslpassword: SecretStr | None = None
     slot: SlotConfig
     publication: PublicationConfig
     await_database: AwaitDatabase = AwaitDatabase()
@@ -226,8 +271,11 @@ class DatabaseConfig(Section):
             given = [key for key in _URL_KEYS if data.get(key) is not None]
             if problem is None and given:
                 problem = f"give either url or {', '.join(given)}, not both (as in Sequin)"
-            if problem is None and "ssl" in keys and data.get("ssl") is not None:
+            if problem is None and "sslmode" in keys and data.get("ssl") is not None:
                 problem = "give either ssl or the URL's sslmode, not both"
+            twice = [key for key in _URL_PARAMETERS if key in keys and data.get(key) is not None]
+            if problem is None and twice:
+                problem = f"give either {twice[0]} or the URL's {twice[0]}, not both"
             if problem is None:
                 data.update(keys)
             else:
@@ -252,6 +300,42 @@ class DatabaseConfig(Section):
             raise _refused(problems, data)
         data.pop("primary", None)  # null: none, as Sequin reads it
         return data
+
+    @model_validator(mode="after")
+    def _tls_keys_agree(self) -> DatabaseConfig:
+        """TLS keys that contradict each other, or that libpq would ignore, are refused: each
+        is a mistake that would leave the server less verified than the config reads."""
+        problems: dict[str, str] = {}
+        mode = self.libpq_sslmode
+        if self.sslmode is not None and "ssl" in self.model_fields_set and self.ssl != (mode in _ENCRYPTING):
+            problems["ssl"] = (f"ssl: {str(self.ssl).lower()} and sslmode: {mode} disagree (ssl: true is sslmode "
+                               "require or stronger, false prefer or weaker): remove ssl, sslmode says it all")
+        if self.sslrootcert == "system" and mode != "verify-full":
+            problems["sslrootcert"] = (f"sslrootcert: system needs sslmode: verify-full (it is {mode}), as libpq "
+                                       "requires: any server with a public certificate would pass a weaker check")
+        elif self.sslrootcert is not None and mode not in _ENCRYPTING:
+            problems["sslrootcert"] = (f"sslmode {mode} never checks the server's certificate, so sslrootcert would "
+                                       "be ignored: set sslmode: verify-full")
+        if (self.sslcert is None) != (self.sslkey is None):
+            problems["sslkey" if self.sslkey is None else "sslcert"] = (
+                "a client certificate takes both sslcert (its PEM file) and sslkey (its private key's)")
+        if self.sslpassword is not None and self.sslkey is None:
+            problems["sslpassword"] = "sslpassword decrypts sslkey: give sslcert and sslkey, or remove sslpassword"
+        if problems:
+            raise _refused(problems, self)
+        return self
+
+    @property
+    def libpq_sslmode(self) -> SslMode:
+        """The ``sslmode`` walflow's connections use: ``sslmode``, else ``ssl`` as libpq's mode."""
+        if self.sslmode is not None:
+            return self.sslmode
+        return "require" if self.ssl else "prefer"
+
+    @property
+    def verifies_server(self) -> bool:
+        """Whether libpq checks the server's certificate against a CA (``verify-*``)."""
+        return self.libpq_sslmode in ("verify-ca", "verify-full")
 
 
 # -- sinks -------------------------------------------------------------------------------

@@ -100,5 +100,5 @@ def stream_cleanup(nats_srv: Nats, names: TestNames) -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def _warnings_given_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a new process would: ``transforms.convert.warn_once`` has warned of nothing."""
-    monkeypatch.setattr("transforms.convert._warned", set())
+    """Each test starts as a new process would: ``core.once.warn_once`` has warned of nothing."""
+    monkeypatch.setattr("core.once._warned", set())

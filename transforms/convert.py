@@ -11,7 +11,7 @@ to holds a loader per column.
   a value whose loader fails in a way nobody foresaw (a value is anyone's to write): any
   exception but MemoryError (the process is short of memory, not the value unreadable; it
   stops, nothing past the change is confirmed, and a restart loses nothing). One warning
-  per table and column and process says so (:func:`warn_once`), naming the exception's
+  per table and column and process says so (:func:`core.once.warn_once`), naming the exception's
   type, never the value: conversion never stops the flow, nor fills the log. The text is
   exact for a UTF-8 database (a ``SQL_ASCII`` one's bytes that are not UTF-8 are replaced).
 - ``None`` (NULL) and ``UNCHANGED_TOAST`` pass as they are.
@@ -26,31 +26,12 @@ to holds a loader per column.
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime
-from typing import Final
 
 from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Action, Change, RawChange, RawRow, ReadOf, Row, Table
+from core.once import warn_once
 
 log = logging.getLogger("walflow.transforms.convert")
-
-#: What :func:`warn_once` warned of in this process (every sink partition's, every thread's), at
-#: most this many: names anyone may create (tables) must not grow memory without bound.
-_warned: set[tuple[str, ...]] = set()
-_warned_lock = threading.Lock()
-_MAX_WARNED: Final = 10_000
-
-
-def warn_once(logger: logging.Logger, what: tuple[str, ...], message: str, *args: object) -> None:
-    """Log ``message`` (``%`` ``args``) on ``logger`` as a warning the first time this process
-    meets ``what`` (a table and column, say), and never again: a value that falls back to its
-    text falls back on every row, and one line says all there is to say. The message must
-    name no value."""
-    with _warned_lock:
-        if what in _warned or len(_warned) >= _MAX_WARNED:
-            return
-        _warned.add(what)
-    logger.warning(message, *args)
 
 
 def as_text(value: bytes, column: str, exc: Exception) -> str:

@@ -50,8 +50,8 @@ from core.events import (
 )
 from core.ids import IdScheme
 from core.jsontext import is_json
+from core.once import warn_once
 from core.subjects import subject as default_subject
-from transforms.convert import warn_once
 from transforms.record import changed_values
 
 log = logging.getLogger("walflow.envelope")

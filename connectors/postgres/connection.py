@@ -1,6 +1,13 @@
-"""Connection strings for the two connections a slot reader opens.
+"""Connection strings for every connection walflow opens to a database, and what their TLS failures mean.
 
-Both pin the settings that decide how values are printed as text: the walsender renders
+Every connection (replication, heartbeats, backfill, enrichment, the commands' probes) is
+made from :func:`conninfo`, so each uses the database's TLS keys (``sslmode``,
+``sslrootcert``, ``sslcert``, ``sslkey``, ``sslpassword``) as libpq means them. A TLS setup
+that failed is a :class:`~core.errors.PostgresTlsError` (:func:`tls_failure`): fatal, one
+line, since no retry can make a certificate verify; nothing crossed the connection. Sequin's
+``ssl: true``, which does not verify the server, is said once per process.
+
+All pin the settings that decide how values are printed as text: the walsender renders
 tuple values with *its* session settings and psycopg's loaders parse with the normal
 connection's, so both must agree (ISO dates, UTC, postgres intervals, exact floats,
 hex bytea, UTF-8). The strings hold the password: never log them.
@@ -8,9 +15,16 @@ hex bytea, UTF-8). The strings hold the password: never log them.
 
 from __future__ import annotations
 
+import logging
+
+import psycopg
 from psycopg.conninfo import make_conninfo
 
 from config.schema import DatabaseConfig
+from core.errors import PostgresTlsError, postgres_tls_error
+from core.once import warn_once
+
+log = logging.getLogger("walflow.postgres")
 
 PINNED_SETTINGS = {
     "datestyle": "ISO",
@@ -35,7 +49,10 @@ def conninfo(
         "port": db.port,
         "dbname": db.database,
         "user": db.username,
-        "sslmode": "require" if db.ssl else "prefer",
+        "sslmode": db.libpq_sslmode,
+        "sslrootcert": db.sslrootcert,
+        "sslcert": None if db.sslcert is None else str(db.sslcert),
+        "sslkey": None if db.sslkey is None else str(db.sslkey),
         "client_encoding": "UTF8",
         "application_name": application_name,
         "options": options,
@@ -48,6 +65,22 @@ def conninfo(
     }
     if db.password is not None:
         params["password"] = db.password.get_secret_value()
+    if db.sslpassword is not None:
+        params["sslpassword"] = db.sslpassword.get_secret_value()
+    if db.ssl and db.sslmode is None:
+        warn_once(log, ("unverified tls", db.name),
+                  "database %s: ssl: true is sslmode=require, which encrypts but does not verify the server: whoever "
+                  "answers at %s:%s can read the stream. Add sslmode: verify-full and sslrootcert: <the CA's PEM file>",
+                  db.name, db.hostname, db.port, extra={"database": db.name, "sslmode": "require"})
     if replication:
         params["replication"] = "database"
     return make_conninfo("", **params)
+
+
+def tls_failure(db: DatabaseConfig, exc: psycopg.Error) -> PostgresTlsError | None:
+    """The fatal error ``exc`` (met connecting to ``db``) is when its TLS setup failed; None otherwise."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    rootcert = db.sslrootcert or "(not set: libpq's ~/.postgresql/root.crt)"
+    return postgres_tls_error(str(exc), f"{db.hostname}:{db.port}", host=db.hostname, sslmode=db.libpq_sslmode,
+                              rootcert=rootcert)

@@ -24,7 +24,7 @@ import psycopg
 from config.schema import DatabaseConfig, ReplicationSettings
 from connectors.postgres import signals
 from connectors.postgres.buffer import ChangeBuffer
-from connectors.postgres.connection import conninfo
+from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.decoder import Decoder, ResumePoint
 from connectors.postgres.liveness import Liveness
 from connectors.postgres.messages import Reason
@@ -101,11 +101,12 @@ class Session:
     def run(self) -> None:
         """Stream until the supervisor asks to stop (then confirm, end COPY and return) or an
         error: a connection that failed or broke (psycopg's ``OperationalError``, anywhere in
-        the session) is a :class:`~core.errors.StreamError`, retried."""
+        the session) is a :class:`~core.errors.StreamError`, retried, unless its TLS setup
+        failed (:func:`~connectors.postgres.connection.tls_failure`): that is fatal."""
         try:
             self._run()
         except psycopg.OperationalError as exc:
-            raise StreamError(str(exc)) from None
+            raise tls_failure(self.db, exc) or StreamError(str(exc)) from None
 
     def _run(self) -> None:
         timeout = self.settings.wal_sender_timeout_ms

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from config.schema import DatabaseConfig
-from connectors.postgres.connection import conninfo
+from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import str_to_lsn
 from core.errors import ReplicationSetupError
 
@@ -157,7 +157,8 @@ def _warn_about_identity(conn: psycopg.Connection[Any], publication: str) -> Non
 
 def confirmed_lsn(db: DatabaseConfig) -> int:
     """The slot's confirmed LSN (0 if there is no slot yet), waiting for the database as
-    Sequin's ``await_database`` says: where a restarted pipeline replays from."""
+    Sequin's ``await_database`` says: where a restarted pipeline replays from. A TLS setup
+    that failed is not waited for: it is the pipeline's first connection, and its fatal line."""
     wait = db.await_database
     deadline = time.monotonic() + wait.timeout_ms / 1000
     while True:
@@ -166,6 +167,9 @@ def confirmed_lsn(db: DatabaseConfig) -> int:
                 row = conn.execute(_SLOT_QUERY, [db.slot.name]).fetchone()
             return str_to_lsn(row[2]) if row and row[2] else 0
         except psycopg.OperationalError as exc:
+            fatal = tls_failure(db, exc)  # a certificate does not verify by waiting
+            if fatal is not None:
+                raise fatal from None
             if time.monotonic() >= deadline:
                 raise ReplicationSetupError(
                     f"cannot reach database '{db.name}' at {db.hostname}:{db.port}: {exc}".strip()

@@ -112,7 +112,7 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
          "type, username"),
         (("hostname: 127.0.0.1", "hostname: 127.0.0.1\n    colour: red"),
          "databases[0].colour: unknown key; expected one of: annotations, await_database, database, hostname, id, name, password, "
-         "port, publication, slot, ssl, username"),
+         "port, publication, slot, ssl, sslcert, sslkey, sslmode, sslpassword, sslrootcert, username"),
         # wrong type
         (("host: 127.0.0.1 }", "host: 127.0.0.1, port: lots }"),
          "sinks[0].destination.port: Input should be a valid integer, unable to parse string as an integer "

@@ -164,13 +164,14 @@ def test_the_docs_files_mean_what_sequin_makes_of_them() -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("postgres://walflow:s3cret@db.internal:6432/app", ("db.internal", 6432, "app", "walflow", "s3cret", False)),
+        ("postgres://walflow:s3cret@db.internal:6432/app",
+         ("db.internal", 6432, "app", "walflow", "s3cret", "prefer")),
         # as Sequin's URI.parse: nothing percent-decoded, the host's case kept
         ("postgresql://walflow:p%40ss%3Aw@DB.Internal/my%20db?sslmode=require",
-         ("DB.Internal", 5432, "my%20db", "walflow", "p%40ss%3Aw", True)),
-        ("postgres://walflow:pa:ss@db.internal/app", ("db.internal", 5432, "app", "walflow", "pa:ss", False)),
-        ("postgres://walflow@[::1]:5433/app?sslmode=disable", ("::1", 5433, "app", "walflow", None, False)),
-        ("postgres://db.internal/app", ("db.internal", 5432, "app", "postgres", None, False)),
+         ("DB.Internal", 5432, "my%20db", "walflow", "p%40ss%3Aw", "require")),
+        ("postgres://walflow:pa:ss@db.internal/app", ("db.internal", 5432, "app", "walflow", "pa:ss", "prefer")),
+        ("postgres://walflow@[::1]:5433/app?sslmode=disable", ("::1", 5433, "app", "walflow", None, "disable")),
+        ("postgres://db.internal/app", ("db.internal", 5432, "app", "postgres", None, "prefer")),
     ],
     ids=["full", "not-decoded-and-ssl", "colon-in-password", "ipv6-literal-no-password", "host-and-database-only"],
 )
@@ -178,7 +179,7 @@ def test_a_database_url_is_mapped_onto_its_keys(url: str, expected: tuple[object
     config = parse_config(database(f"    url: {url}\n", where=""), env={})
     db = config.databases[0]
     password = db.password.get_secret_value() if db.password is not None else None
-    assert (db.hostname, db.port, db.database, db.username, password, db.ssl) == expected
+    assert (db.hostname, db.port, db.database, db.username, password, db.libpq_sslmode) == expected
     assert "s3cret" not in repr(db)
 
 
@@ -189,11 +190,14 @@ def test_a_database_url_is_mapped_onto_its_keys(url: str, expected: tuple[object
          "give either url or hostname, not both (as in Sequin)"),
         ("postgres://u:pw@h:5432/app?sslmode=require", "    ssl: true\n",
          "give either ssl or the URL's sslmode, not both"),
-        ("postgres://u:pw@h:5432/app?sslmode=verify-full", "",
-         "sslmode=verify-full is not supported: walflow's ssl: true encrypts without verifying the server's "
-         "certificate (sslmode=require); use sslmode=require, or disable/prefer"),
+        ("postgres://u:pw@h:5432/app?sslmode=verify-all", "",
+         "the URL's sslmode=verify-all is not one of libpq's: disable, allow, prefer, require, verify-ca, verify-full"),
+        ("postgres://u:pw@h:5432/app?sslmode=require&sslmode=disable", "", "the URL gives sslmode twice"),
+        ("postgres://u:pw@h:5432/app?sslmode=require", "    sslmode: verify-full\n",
+         "give either sslmode or the URL's sslmode, not both"),
         ("postgres://u:pw@h:5432/app?application_name=x", "",
-         "the URL's parameter application_name is not supported; only sslmode is (as ssl:)"),
+         "the URL's parameter application_name is not supported; only sslmode, sslrootcert, sslcert, sslkey, "
+         "sslpassword are (as the database keys of those names)"),
         ("mysql://u:pw@h:5432/app", "",
          "expected a postgres:// or postgresql:// URL, like postgres://user:password@host:5432/database"),
         ("postgres://u:pw@h:5432", "",
@@ -202,7 +206,8 @@ def test_a_database_url_is_mapped_onto_its_keys(url: str, expected: tuple[object
          "the port is not a number from 1 to 65535 (a URL like postgres://user:password@host:5432/database)"),
         ("postgres://u:pw@a:5432,b:5432/app", "", "give one host: walflow reads the slot of one server"),
     ],
-    ids=["with-hostname", "with-ssl", "verify-full", "other-parameter", "scheme", "no-database", "port",
+    ids=["with-hostname", "with-ssl", "unknown-sslmode", "sslmode-twice", "with-sslmode", "other-parameter", "scheme",
+         "no-database", "port",
          "several-hosts"],
 )
 def test_a_url_that_cannot_be_mapped_is_an_error_without_the_password(url: str, extra: str, message: str) -> None:
