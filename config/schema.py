@@ -187,12 +187,16 @@ def _from_url(url: Any) -> tuple[dict[str, Any], str | None]:
     return keys, None
 
 
-def _root_certificate(value: str) -> str:
-    """``sslrootcert`` as libpq takes it: a file of CA certificates, or ``system`` (the system's trusted CAs)."""
-    if value != "system" and not Path(value).is_file():
-        raise ValueError(f"no file at {value}: give the PEM file of the CA that signed the server's certificate "
-                         "(or system, for the system's trusted CAs)")
-    return value
+def _pem_file(what: str, *words: str) -> AfterValidator:
+    """A path libpq reads ``what`` from (or one of its ``words``), checked when the config is
+    loaded rather than at the first connection; the error says what the file must hold."""
+
+    def check(value: str) -> str:
+        if value not in words and not Path(value).is_file():
+            raise ValueError(f"no file at {value}: give the PEM file of {what}")
+        return value
+
+    return AfterValidator(check)
 
 
 class DatabaseConfig(Section):
@@ -232,11 +236,12 @@ class DatabaseConfig(Section):
     #: The CA certificates (PEM) that verify the server; ``system``: the system's trusted CAs
     #: (libpq's, with ``sslmode: verify-full`` only). None: libpq's ``~/.postgresql/root.crt``.
     #: Refused with ``sslmode`` ``disable``, ``allow`` or ``prefer``, which never look at it.
-    sslrootcert: Annotated[str, AfterValidator(_root_certificate)] | None = None
+    sslrootcert: Annotated[str, _pem_file("the CA that signed the server's certificate (or system, for the "
+                                          "system's trusted CAs)", "system")] | None = None
     #: A client certificate (PEM) for servers that ask for one (``clientcert`` in pg_hba.conf), with ``sslkey``.
-    sslcert: FilePath | None = None
+    sslcert: Annotated[str, _pem_file("the client certificate")] | None = None
     #: ``sslcert``'s private key; libpq refuses a key file that others may read (mode 0600).
-    sslkey: FilePath | None = None
+    sslkey: Annotated[str, _pem_file("the client certificate's private key")] | None = None
     #: The passphrase of an encrypted ``sslkey``.
     sslpassword: SecretStr | None = None
     slot: SlotConfig

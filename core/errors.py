@@ -108,25 +108,27 @@ class PostgresTlsError(FatalError):
     any of them, and nothing (no password, no row) crossed the connection."""
 
 
-#: libpq's words for a TLS setup that failed, with what they mean for the database's keys
-#: (libpq reports them before any SQLSTATE exists, so its text is all there is). Anything
-#: else (a reset during the handshake: ``SSL SYSCALL error``, ``SSL connection has been
-#: closed unexpectedly``) is the network's, and transient.
-POSTGRES_TLS: Final[Mapping[str, str]] = {
-    "certificate verify failed": "the server's certificate is not signed by a CA in sslrootcert {rootcert} "
-    "(sslmode {sslmode}); give sslrootcert the CA that signed the server's certificate",
-    "does not match host name": "the server's certificate does not name {host} (sslmode verify-full); set "
-    "hostname to a name the certificate holds",
-    "server does not support ssl, but ssl was required": "the server does not offer TLS, but sslmode {sslmode} "
-    "requires it; turn on ssl in the server's postgresql.conf, or check that hostname and port name the server",
-    "root certificate file": "sslrootcert is not set and libpq's default CA file is missing (sslmode {sslmode}); "
-    "give sslrootcert the CA that signed the server's certificate",
-    "private key file": "the client key in sslkey cannot be used; give sslkey a readable key file of mode 0600",
-    "certificate file": "the client certificate in sslcert cannot be used; give sslcert a readable PEM file",
-    "could not load private key": "sslkey cannot be decrypted or read; check sslkey and sslpassword",
-    "unknown ca": "the server does not trust the client certificate in sslcert; give one signed by the CA the "
-    "server's ssl_ca_file names",
-    "certificate required": "the server requires a client certificate; give sslcert and sslkey",
+#: libpq's words for a TLS setup that failed: what they mean, and what to do (libpq reports
+#: them before any SQLSTATE exists, so its text is all there is). Anything else (a reset
+#: during the handshake: ``SSL SYSCALL error``, ``SSL connection has been closed
+#: unexpectedly``) is the network's, and transient. Looked up in order: the first words found win.
+POSTGRES_TLS: Final[Mapping[str, tuple[str, str]]] = {
+    "certificate verify failed": (
+        "the server's certificate is not signed by a CA in sslrootcert {rootcert} (sslmode {sslmode})",
+        "give sslrootcert the CA that signed the server's certificate"),
+    "does not match host name": ("the server's certificate does not name {host} (sslmode verify-full)",
+                                 "set hostname to a name the certificate holds"),
+    "server does not support ssl, but ssl was required": (
+        "the server does not offer TLS, but sslmode {sslmode} needs it",
+        "turn ssl on in the server's postgresql.conf, or check that hostname and port name the right server"),
+    "root certificate file": ("the CA file in sslrootcert {rootcert} cannot be read (sslmode {sslmode})",
+                              "give sslrootcert the PEM file of the CA that signed the server's certificate"),
+    "private key file": ("the client key in sslkey cannot be used", "give sslkey a key file of mode 0600"),
+    "could not load private key": ("the client key in sslkey cannot be read", "check sslkey and sslpassword"),
+    "certificate file": ("the client certificate in sslcert cannot be used", "give sslcert a readable PEM file"),
+    "unknown ca": ("the server does not trust the client certificate in sslcert",
+                   "give one signed by the CA that the server's ssl_ca_file holds"),
+    "certificate required": ("the server requires a client certificate", "give sslcert and sslkey"),
 }
 
 
@@ -135,12 +137,12 @@ def postgres_tls_error(text: str, where: str, **keys: str) -> PostgresTlsError |
     at ``where`` (``host:port``), its message filled in from ``keys`` (``host``, ``sslmode``,
     ``rootcert``); None when ``text`` is not a TLS setup failure (:data:`POSTGRES_TLS`)."""
     lowered = text.lower()
-    for words, meaning in POSTGRES_TLS.items():
+    for words, (what, fix) in POSTGRES_TLS.items():
         if words in lowered:
             # libpq's reason without its "connection to server at …, port … failed:" preamble (``where`` says it)
-            reason = next((line for line in text.splitlines() if words in line.lower()), text).strip()
-            reason = reason.rpartition(" failed: ")[2] or reason
-            return PostgresTlsError(f"PostgreSQL at {where}: {meaning.format(**keys)} ({reason})")
+            line = next(line for line in text.splitlines() if words in line.lower()).strip()
+            reason = line.rpartition(" failed: ")[2] or line
+            return PostgresTlsError(f"PostgreSQL at {where}: {what.format(**keys)} ({reason}); {fix}")
     return None
 
 

@@ -181,6 +181,11 @@ class ServerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process exited; None while it runs (or before it started)."""
+        return None if self._proc is None else self._proc.poll()
+
     def check_running(self) -> None:
         """Raise with the log's tail if the process has exited (used while waiting for readiness)."""
         if self._proc is not None and self._proc.poll() is not None:

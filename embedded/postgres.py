@@ -115,6 +115,13 @@ class PostgresServer(EmbeddedServer):
         if self.tls is not None:
             self._install_tls(*self.tls)
 
+    def replace_tls(self, cert: Path, key: Path) -> None:
+        """Serve ``cert``/``key`` from now on (a renewed certificate, or a wrong one): the files are
+        installed and the configuration reloaded; a connection made once the reload is done gets them."""
+        self._install_tls(cert, key)
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
     def _install_tls(self, cert: Path, key: Path) -> None:
         """Copy the pair into the data directory, owned by the server account with mode 0600: postgres reads them
         as that account and refuses a private key that anyone else can read."""
