@@ -162,6 +162,17 @@ class Database:
         assert row is not None
         return str_to_lsn(str(row[0]))
 
+    @classmethod
+    @contextlib.contextmanager
+    def created(cls, server: Postgres, names: TestNames) -> Iterator[Database]:
+        """A new database for ``names`` on ``server``, dropped with its slots on leaving."""
+        db = cls(server, names)
+        db.create()
+        try:
+            yield db
+        finally:
+            db.drop()
+
     def create(self) -> None:
         with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.names.database)))

@@ -21,13 +21,8 @@ ROWS = 300
 @pytest.fixture
 def crm(pg: Postgres, names: TestNames) -> Iterator[Database]:
     """A second database on the same server, with a slot and publication of its own."""
-    other = TestNames.for_test(f"crm_{names.database}")
-    db = Database(pg, other)
-    db.create()
-    try:
+    with Database.created(pg, TestNames.for_test(f"crm_{names.database}")) as db:
         yield db
-    finally:
-        db.drop()
 
 
 def _two_databases(tmp_path: Path, shop: Database, crm: Database, nats_srv: Nats, names: TestNames) -> Path:

@@ -12,20 +12,19 @@ import json
 import re
 import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
 import psycopg
 import pytest
-import trustme
 from nats.aio.client import Client
 from psycopg.conninfo import make_conninfo
 
 from connectors.postgres.protocol import str_to_lsn
 from embedded import NatsServer, PostgresServer, wait_for
 from tests.pipeline import ROOT, Stored, assert_running, pipeline
+from tests.tls import TlsFiles, issue
 
 # it runs the pipeline (python -m bytewax.run) on a PostgreSQL and a NATS of its own (TLS, credentials)
 pytestmark = [pytest.mark.slow, pytest.mark.servers]
@@ -35,24 +34,10 @@ NATS_USER, NATS_PASSWORD = "nats", "nats-password"
 SLOT = "sequin_slot"
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    ca: Path  # what clients trust
-    cert: Path  # the servers' certificate chain, for 127.0.0.1 and localhost
-    key: Path
-
-
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
-    directory = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    files = TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key")
-    ca.cert_pem.write_to_path(str(files.ca))
-    for i, pem in enumerate(issued.cert_chain_pems):
-        pem.write_to_path(str(files.cert), append=i > 0)
-    issued.private_key_pem.write_to_path(str(files.key))
-    return files
+    """The servers' certificate, for 127.0.0.1 and localhost."""
+    return issue(tmp_path_factory.mktemp("tls"), "127.0.0.1", "localhost")
 
 
 @pytest.fixture(scope="module")

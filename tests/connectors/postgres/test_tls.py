@@ -19,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import trustme
 from psycopg.conninfo import conninfo_to_dict
 
 from config.schema import DatabaseConfig
@@ -30,38 +29,19 @@ from embedded import PostgresServer, wait_for
 from tests.cli.helpers import edit, run_both
 from tests.harness import Database, Nats, TestNames, slot_active
 from tests.pipeline import assert_running, fatal_line, pipeline, run_to_exit, stored, write_config
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A server certificate (chain PEM), its key, and the CA that signed it."""
-
-    cert: Path
-    key: Path
-    ca: Path
+from tests.tls import TlsFiles, issue
 
 
 @dataclass(frozen=True)
 class Pki:
-    good: Pair  # for "localhost" only: connecting by 127.0.0.1 is the wrong host name
-    other: Pair  # the same name, from a CA the clients do not trust
-
-
-def _pair(directory: Path, name: str) -> Pair:
-    ca = trustme.CA()
-    issued = ca.issue_cert("localhost")
-    pair = Pair(directory / f"{name}.pem", directory / f"{name}.key", directory / f"{name}-ca.pem")
-    ca.cert_pem.write_to_path(str(pair.ca))
-    for i, pem in enumerate(issued.cert_chain_pems):
-        pem.write_to_path(str(pair.cert), append=i > 0)
-    issued.private_key_pem.write_to_path(str(pair.key))
-    return pair
+    good: TlsFiles  # for "localhost" only: connecting by 127.0.0.1 is the wrong host name
+    other: TlsFiles  # the same name, from a CA the clients do not trust
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     directory = tmp_path_factory.mktemp("pki")
-    return Pki(_pair(directory, "good"), _pair(directory, "other"))
+    return Pki(issue(directory, "localhost", name="good"), issue(directory, "localhost", name="other"))
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +59,8 @@ def plain_pg() -> Iterator[PostgresServer]:
 
 @pytest.fixture
 def tls_db(tls_pg: PostgresServer, names: TestNames) -> Iterator[Database]:
-    db = Database(tls_pg, names)
-    db.create()
-    try:
+    with Database.created(tls_pg, names) as db:
         yield db
-    finally:
-        db.drop()
 
 
 def _db(port: int, **keys: Any) -> DatabaseConfig:
@@ -102,13 +78,7 @@ def _tls_config(path: Path, db: Database, nats_srv: Nats, names: TestNames, **ke
     return edit(config, lambda data: data["databases"][0].update(keys))
 
 
-def _wrong_ca(port: int, ca: Path) -> str:
-    return (f"PostgreSQL at localhost:{port}: the server's certificate is not signed by a CA in sslrootcert {ca} "
-            "(sslmode verify-full) (SSL error: certificate verify failed); give sslrootcert the CA that signed the "
-            "server's certificate")
-
-
-def _serve(server: PostgresServer, pair: Pair) -> None:
+def _serve(server: PostgresServer, pair: TlsFiles) -> None:
     """``server`` serves ``pair`` from now on: returns once a connection verified by its CA succeeds."""
     server.replace_tls(pair.cert, pair.key)
 
@@ -160,68 +130,68 @@ def test_ssl_true_still_encrypts_and_warns_once_per_process_naming_the_keys_to_a
 # -- failing closed: one line at the first connection -------------------------------------------------------
 
 
+#: A TLS setup that cannot work: the server (``tls``: the one with TLS), the database's keys
+#: (``{ca}``: the test CA's file, ``{other}``: another CA's) and the line it fails with.
+FAILURES: dict[str, tuple[str, dict[str, str], str]] = {
+    "wrong-ca": ("tls", {"sslmode": "verify-full", "sslrootcert": "{other}"},
+                 "PostgreSQL at localhost:{port}: the server's certificate is not signed by a CA in sslrootcert "
+                 "{other} (sslmode verify-full) (SSL error: certificate verify failed); give sslrootcert the CA that "
+                 "signed the server's certificate"),
+    "wrong-host": ("tls", {"hostname": "127.0.0.1", "sslmode": "verify-full", "sslrootcert": "{ca}"},
+                   "PostgreSQL at 127.0.0.1:{port}: the server's certificate does not name 127.0.0.1 (sslmode "
+                   "verify-full) (server certificate for \"localhost\" does not match host name \"127.0.0.1\"); set "
+                   "hostname to a name the certificate holds"),
+    "plaintext-require": ("plain", {"sslmode": "require"},
+                          "PostgreSQL at localhost:{port}: the server does not offer TLS, but sslmode require needs it "
+                          "(server does not support SSL, but SSL was required); turn ssl on in the server's "
+                          "postgresql.conf, or check that hostname and port name the right server"),
+    "plaintext-verify-full": ("plain", {"sslmode": "verify-full", "sslrootcert": "{ca}"},
+                              "PostgreSQL at localhost:{port}: the server does not offer TLS, but sslmode verify-full "
+                              "needs it (server does not support SSL, but SSL was required); turn ssl on in the "
+                              "server's postgresql.conf, or check that hostname and port name the right server"),
+}
+
+
+def _failure(case: str, pki: Pki, port: int) -> tuple[dict[str, Any], str]:
+    """:data:`FAILURES`' ``case`` for the server at ``port``: the database's keys, and the line."""
+    _, keys, line = FAILURES[case]
+    files = {"ca": pki.good.ca, "other": pki.other.ca, "port": port}
+    return {"hostname": "localhost", **{key: value.format(**files) for key, value in keys.items()}}, line.format(**files)
+
+
 @pytest.mark.servers
-@pytest.mark.parametrize("case", ["wrong-ca", "wrong-host", "plaintext-require", "plaintext-verify-full"])
+@pytest.mark.parametrize("case", FAILURES)
 def test_a_tls_setup_that_fails_is_fatal_at_once_with_one_line(
     case: str, pki: Pki, tls_pg: PostgresServer, plain_pg: PostgresServer
 ) -> None:
-    wait = {"await_database": {"timeout_ms": 60_000}}  # a TLS failure is not waited for
-    db, expected = {
-        "wrong-ca": (_db(tls_pg.port, sslmode="verify-full", sslrootcert=str(pki.other.ca), **wait),
-                     _wrong_ca(tls_pg.port, pki.other.ca)),
-        "wrong-host": (_db(tls_pg.port, hostname="127.0.0.1", sslmode="verify-full", sslrootcert=str(pki.good.ca), **wait),
-                       f"PostgreSQL at 127.0.0.1:{tls_pg.port}: the server's certificate does not name 127.0.0.1 "
-                       "(sslmode verify-full) (server certificate for \"localhost\" does not match host name "
-                       "\"127.0.0.1\"); set hostname to a name the certificate holds"),
-        "plaintext-require": (_db(plain_pg.port, sslmode="require", **wait),
-                              f"PostgreSQL at localhost:{plain_pg.port}: the server does not offer TLS, but sslmode "
-                              "require needs it (server does not support SSL, but SSL was required); turn ssl on in "
-                              "the server's postgresql.conf, or check that hostname and port name the right server"),
-        "plaintext-verify-full": (_db(plain_pg.port, sslmode="verify-full", sslrootcert=str(pki.good.ca), **wait),
-                                  f"PostgreSQL at localhost:{plain_pg.port}: the server does not offer TLS, but "
-                                  "sslmode verify-full needs it (server does not support SSL, but SSL was required); "
-                                  "turn ssl on in the server's postgresql.conf, or check that hostname and port name "
-                                  "the right server"),
-    }[case]
+    server = tls_pg if FAILURES[case][0] == "tls" else plain_pg
+    keys, line = _failure(case, pki, server.port)
+    db = _db(server.port, **keys, await_database={"timeout_ms": 60_000})  # a TLS failure is not waited for
     started = time.monotonic()
 
     with pytest.raises(PostgresTlsError) as failed:
         confirmed_lsn(db)
 
-    assert str(failed.value) == expected
+    assert str(failed.value) == line
     assert time.monotonic() - started < 20
 
 
 @pytest.mark.slow
 @pytest.mark.servers
-def test_a_wrong_ca_stops_the_pipeline_with_one_line_and_walflow_check_says_it(
-    pki: Pki, tls_pg: PostgresServer, tls_db: Database, nats_srv: Nats, names: TestNames, tmp_path: Path
+@pytest.mark.parametrize("case", ["wrong-ca", "wrong-host"])
+def test_the_pipeline_stops_with_the_line_and_walflow_check_says_it(
+    case: str, pki: Pki, tls_pg: PostgresServer, tls_db: Database, nats_srv: Nats, names: TestNames, tmp_path: Path
 ) -> None:
-    config = _tls_config(tmp_path, tls_db, nats_srv, names, hostname="localhost", sslmode="verify-full",
-                         sslrootcert=str(pki.other.ca))
+    keys, line = _failure(case, pki, tls_pg.port)
+    config = _tls_config(tmp_path, tls_db, nats_srv, names, **keys)
 
-    line = fatal_line(run_to_exit(config))
+    stopped = fatal_line(run_to_exit(config))  # exit 2, one line, no traceback
     checked = run_both("check", config)
 
-    assert line == f"walflow: {_wrong_ca(tls_pg.port, pki.other.ca)}"
+    assert stopped == f"walflow: {line}"
     assert checked.code != 0
-    assert checked.finding("fail", _wrong_ca(tls_pg.port, pki.other.ca))["about"] == "database shop"
+    assert checked.finding("fail", line)["about"] == "database shop"
     assert not slot_active(tls_db)
-
-
-@pytest.mark.slow
-@pytest.mark.servers
-def test_walflow_check_names_a_wrong_host_name(
-    pki: Pki, tls_pg: PostgresServer, tls_db: Database, nats_srv: Nats, names: TestNames, tmp_path: Path
-) -> None:
-    config = _tls_config(tmp_path, tls_db, nats_srv, names, hostname="127.0.0.1", sslmode="verify-full",
-                         sslrootcert=str(pki.good.ca))
-
-    checked = run_both("check", config)
-
-    assert checked.code != 0
-    checked.finding("fail", f"PostgreSQL at 127.0.0.1:{tls_pg.port}: the server's certificate does not name "
-                            "127.0.0.1 (sslmode verify-full)")
 
 
 # -- verify-full end to end ---------------------------------------------------------------------------------
@@ -286,6 +256,6 @@ def test_verify_full_streams_over_tls_and_a_certificate_that_stops_verifying_sto
     # reconnecting met the wrong certificate: not retried, one line, exit 2
     assert exit_code == 2, log
     assert "Traceback" not in log
-    assert [line for line in log.splitlines() if line.startswith("walflow:")] == [
-        f"walflow: {_wrong_ca(tls_pg.port, pki.good.ca)}"
-    ]
+    # the config's CA (good) against a server whose CA is now the other one: wrong-ca with the roles swapped
+    _, expected = _failure("wrong-ca", Pki(good=pki.other, other=pki.good), tls_pg.port)
+    assert [line for line in log.splitlines() if line.startswith("walflow:")] == [f"walflow: {expected}"]
