@@ -415,6 +415,8 @@ def run(options: Options, out_dir: Path) -> int:
     try:
         _say("starting PostgreSQL and NATS")
         with PostgresServer(settings=PG_SETTINGS) as pg, NatsServer() as nats_server:
+            # every libpq client of the run (walflow, pgbench, pg_recvlogical) logs in through the server's passfile
+            os.environ["PGPASSFILE"] = str(pg.passfile)
             js = JetStream(nats_server.url)
             try:
                 results["environment"] = environment(pg, js)

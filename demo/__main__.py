@@ -169,7 +169,8 @@ def main() -> int:
             log_path=nc.base / "pipeline.log",
             cwd=ROOT,
             account=Account(os.geteuid(), os.getegid(), "self"),
-            env={**os.environ, "WALFLOW_CONFIG": str(config)},
+            # the server's password reaches walflow through libpq's passfile, never the config file
+            env={**os.environ, "WALFLOW_CONFIG": str(config), "PGPASSFILE": str(pg.passfile)},
         )
         print(f"walflow demo: PostgreSQL on 127.0.0.1:{pg.port}, NATS on {nc.url}")
         print("walflow demo: tables public.customers and public.orders -> subjects sequin.demo.public.<table>.<action> (Sequin's)")

@@ -4,12 +4,19 @@ It runs the system's own binaries (found through ``WALFLOW_PG_BINDIR``, ``pg_con
 ``PATH`` or ``/usr/lib/postgresql/*/bin``) on a free loopback port, in a private directory
 that is removed on close. Tests stop, kill and restart it on purpose, so the port and the
 data directory survive a restart.
+
+It is reachable only by the user who started it: every connection, local or TCP, is
+authenticated with SCRAM-SHA-256, and the superuser's password is random, written only to a
+0600 passfile in the private (0700) directory. :meth:`PostgresServer.dsn` names that file
+(``passfile=``), so a printed DSN holds no password; :attr:`PostgresServer.password` is for
+what cannot read a passfile (a walflow config's ``password:``).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -95,23 +102,38 @@ class PostgresServer(EmbeddedServer):
         # relative paths are read from the data directory, where _prepare copies the files
         tls_settings = {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"} if tls else {}
         self.settings = {**DEFAULT_SETTINGS, **tls_settings, **(settings or {})}
+        #: The superuser's password: random, kept in the passfile :meth:`dsn` names (and initdb's
+        #: own, removed before the server first starts).
+        self.password = secrets.token_hex(24)
 
     def _prepare(self) -> None:
         self.base = private_dir("pg", self.account)
-        run_as(
-            [
-                str(self.bindir / "initdb"),
-                "-D", str(self.data_dir),
-                "-U", self.superuser,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ],
-            self.account,
-            cwd=self.base,
-            what="initdb",
-        )
+        # initdb reads the password as the server account; the file is gone before the server starts
+        pwfile = self.base / "initdb.pw"
+        pwfile.write_text(self.password)
+        pwfile.chmod(0o600)
+        if not self.account.is_self:
+            os.chown(pwfile, self.account.uid, self.account.gid)
+        try:
+            run_as(
+                [
+                    str(self.bindir / "initdb"),
+                    "-D", str(self.data_dir),
+                    "-U", self.superuser,
+                    "--auth-local=scram-sha-256",
+                    "--auth-host=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ],
+                self.account,
+                cwd=self.base,
+                what="initdb",
+            )
+        finally:
+            pwfile.unlink()
+        self._write_passfile()
         if self.tls is not None:
             self._install_tls(*self.tls)
 
@@ -121,6 +143,20 @@ class PostgresServer(EmbeddedServer):
         self._install_tls(cert, key)
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
+
+    def _write_passfile(self) -> None:
+        """The superuser's line for this server's addresses (TCP and its socket directory), owned by
+        the user who started it with mode 0600 (libpq ignores a passfile others may read)."""
+        fd = os.open(self.passfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            for host in (self.host, "localhost"):
+                out.write(f"{host}:*:*:{self.superuser}:{self.password}\n")
+
+    @property
+    def passfile(self) -> Path:
+        """The libpq passfile with the superuser's password (:meth:`dsn` names it)."""
+        assert self.base is not None, "server not initialised"
+        return self.base / "pgpass"
 
     def _install_tls(self, cert: Path, key: Path) -> None:
         """Copy the pair into the data directory, owned by the server account with mode 0600: postgres reads them
@@ -166,5 +202,7 @@ class PostgresServer(EmbeddedServer):
         self.start()
 
     def dsn(self, dbname: str = "postgres", **params: str) -> str:
-        """A libpq connection string for ``dbname`` as the superuser."""
-        return make_conninfo(host=self.host, port=self.port, user=self.superuser, dbname=dbname, **params)
+        """A libpq connection string for ``dbname`` as the superuser: its password comes from the
+        passfile it names (printing it shows none)."""
+        return make_conninfo(host=self.host, port=self.port, user=self.superuser, dbname=dbname,
+                             passfile=str(self.passfile), **params)

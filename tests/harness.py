@@ -31,6 +31,8 @@ from embedded import wait_for
 from embedded.postgres import find_bindir
 
 _counter = itertools.count(1)
+#: The password of the roles tests create and log in as: the embedded server lets no role in without one.
+ROLE_PASSWORD = "walflow-test-role"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class Postgres(Protocol):
 
     @property
     def running(self) -> bool: ...
+    #: The password of the DSN's user, for walflow configs (which take no passfile); None: none is needed.
+    @property
+    def password(self) -> str | None: ...
     def dsn(self, dbname: str = "postgres", **params: str) -> str: ...
     def start(self) -> object: ...
     def stop(self, mode: str = "fast") -> None: ...
@@ -94,6 +99,8 @@ class ExternalPostgres:
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
+        password = conninfo_to_dict(dsn).get("password")
+        self.password = None if password is None else str(password)
 
     def dsn(self, dbname: str = "postgres", **params: str) -> str:
         return make_conninfo(self._dsn, dbname=dbname, **params)
@@ -148,7 +155,7 @@ class Database:
                 "port": int(str(params.get("port", 5432))),
                 "database": self.names.database,
                 "username": params.get("user", "postgres"),
-                "password": params.get("password"),
+                "password": self.server.password,
                 "slot": {"name": self.names.slot, "create_if_not_exists": create},
                 "publication": {"name": self.names.publication, "create_if_not_exists": create},
                 **overrides,

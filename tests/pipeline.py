@@ -75,6 +75,7 @@ def write_config(
                 "port": int(str(params["port"])),
                 "database": names.database,
                 "username": params["user"],
+                "password": db.server.password,
                 "slot": {"name": names.slot, "create_if_not_exists": True},
                 "publication": {"name": names.publication, "create_if_not_exists": True},
             }

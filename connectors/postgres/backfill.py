@@ -214,7 +214,7 @@ class Backfills:
     def on_signal(self, item: Signal, position: int) -> Release | None:
         """A backfill signal decoded at ``position`` (the last marker before it); at a high
         watermark, the chunk's reads to emit right here, before anything after it."""
-        signal = signals.decode(item.content, self._slot, self._admission.key)
+        signal = signals.decode(item.content, self._slot, self._admission.key, self._runner.seal)
         if signal is None:
             return None  # another slot's
         if isinstance(signal, NotASignal):
@@ -247,12 +247,18 @@ class Backfills:
         if refused is not None:
             self._admission.report(BACKFILL, refused.reason, refused.detail)
             return
-        if signal.kind != "request":
+        rows = signal.rows
+        if signal.unknown_position:
+            rows = 0
+            log.warning("backfill %s of %s for sink %s: starting again from the table's start: an earlier run sealed "
+                        "where it stood with a key of its own (a sink hides columns of the table); set "
+                        "walflow.backfill.secret to resume where it stopped", request.id, request.table, request.sink)
+        elif signal.kind != "request":
             log.info("backfill %s of %s for sink %s: resuming after %s row(s)", request.id, request.table,
-                     request.sink, f"{signal.rows:,}")
-        self._running[request.id] = _Running(request, signal.after, signal.rows, position)
+                     request.sink, f"{rows:,}")
+        self._running[request.id] = _Running(request, signal.after, rows, position)
         with self._handoff as ledger:
-            ledger.begin(request, signal.after, signal.rows)
+            ledger.begin(request, signal.after, rows)
 
     def _open(self, running: _Running, chunk: int) -> None:
         self._close(running)

@@ -35,7 +35,9 @@ _CHECKPOINT_EVERY: Final = 5.0
 class BackfillRunner:
     """Reads the tables of running backfills in chunks between watermarks, a thread per table."""
 
-    def __init__(self, db: DatabaseConfig, settings: BackfillSettings, *, progress_line: bool | None = None) -> None:
+    def __init__(self, db: DatabaseConfig, settings: BackfillSettings, *, progress_line: bool | None = None,
+                 seal: signals.CursorSeal | None = None) -> None:
+        """``seal``: whose positions this run's watermarks seal (default: none, keyed as the settings say)."""
         self.db = db
         self.settings = settings
         #: Names this run's watermarks: only this run holds the rows of its chunks.
@@ -45,6 +47,8 @@ class BackfillRunner:
         self._report = ProgressReport(progress_line)
         #: What every signal this runner writes is signed with (walflow.backfill.secret).
         self._key = signing_key(settings)
+        #: What seals the positions of tables a sink hides columns of; the partition opens them with it.
+        self.seal = seal or signals.CursorSeal((), self._key)
         self._threads: list[threading.Thread] = []
         self._queue = threading.Thread(target=self._run_queue, name="walflow-backfill-queue", daemon=True)
         self._queue.start()
@@ -81,7 +85,7 @@ class BackfillRunner:
         log.info("backfill %s of %s for sink %s: starting%s", request.id, request.table, request.sink,
                  "" if turn.after is None else f" where it stopped, after {turn.rows:,} row(s)")
         self._report.started(request.id, time.monotonic())
-        loop = TableLoop(request, self.db, self.settings, self.handoff, self._key, self._chunk_read)
+        loop = TableLoop(request, self.db, self.settings, self.handoff, self._key, self._chunk_read, self.seal)
         thread = threading.Thread(target=loop.run, name=f"walflow-backfill-{request.table}", daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -97,7 +101,7 @@ class BackfillRunner:
             if conn is None or conn.closed:
                 conn = connect(self.db, self.settings, "backfill-queue")
             for checkpoint in waiting:
-                signals.emit(conn, checkpoint, self._key)
+                signals.emit(conn, checkpoint, self._key, self.seal)
         except psycopg.Error as exc:
             log.warning("backfill checkpoint not written: %s", str(exc).strip())
             return None

@@ -52,10 +52,11 @@ class TableLoop:
     """Reads ``request``'s table until the partition settles its last chunk (or it ends)."""
 
     def __init__(self, request: BackfillRequest, db: DatabaseConfig, settings: BackfillSettings, handoff: Handoff,
-                 key: bytes | None, report: Callable[[str], None]) -> None:
-        """``key``: what signals are signed with; ``report(id)``: called after each chunk."""
+                 key: bytes | None, report: Callable[[str], None], seal: signals.CursorSeal | None = None) -> None:
+        """``key``: what signals are signed with; ``report(id)``: called after each chunk;
+        ``seal``: what seals the positions its watermarks carry."""
         self.request, self._db, self._settings = request, db, settings
-        self._handoff, self._key, self._report = handoff, key, report
+        self._handoff, self._key, self._report, self._seal = handoff, key, report, seal
         #: The chunk size reached so far: kept across reconnects.
         self._limit: int | None = None
         #: A server crash says "interrupted" once, not once per attempt while it recovers.
@@ -110,7 +111,7 @@ class TableLoop:
         backfill, handoff = self.request.id, self._handoff
         while (low := handoff.wait(lambda ledger: ledger.next_read(backfill))) not in (None, DONE):
             assert isinstance(low, signals.Signal)
-            signals.emit(conn, low, self._key)
+            signals.emit(conn, low, self._key, self._seal)
             wait_for_commits_in_flight(conn, self._settings.query_budget_ms / 1000, handoff.stopping.wait)
             started = time.monotonic()
             try:
@@ -131,7 +132,7 @@ class TableLoop:
             seconds = time.monotonic() - started
             with handoff as ledger:
                 high = ledger.read(low, chunk, last=len(chunk.rows) < reader.limit)
-            signals.emit(conn, high, self._key)
+            signals.emit(conn, high, self._key, self._seal)
             reader.adapt(len(chunk.rows), seconds, chunk.memory)
             self._limit = reader.limit
             self._report(backfill)
@@ -140,7 +141,7 @@ class TableLoop:
         """Tell the partition (through the slot) that this backfill ends unfinished."""
         with self._handoff as ledger:
             high = ledger.ending(self.request, error)
-        signals.emit(conn, high, self._key)
+        signals.emit(conn, high, self._key, self._seal)
 
     def _end_after_failure(self, error: str) -> None:
         with self._handoff as ledger:

@@ -24,21 +24,37 @@ when ``walflow.backfill.secret`` is set, its signature: an HMAC-SHA256 over the 
 that key, written after it on a line of its own, so that only who holds the key (walflow,
 ``walflow backfill`` with the same config) can start, resume or end a backfill. What a
 request may ask for is checked again where it is acted on (:class:`connectors.postgres.backfill.Backfills`).
+
+**Positions are sealed where a sink hides columns.** A ``low``'s ``after`` is the last row's
+key (and sort column): values a sink may mask. Whoever reads the WAL (a slot, an archive, a
+replica) would read them in the watermark, whatever the sink publishes. So for a table that
+a sink masks or leaves columns out of (:class:`CursorSeal`), the position is written
+encrypted and authenticated (libsodium's secretbox, XSalsa20-Poly1305), never as text: with
+a key derived from ``walflow.backfill.secret`` when it is set (a later run opens it and
+resumes where the backfill stood), else with a key of the run's own (a later run cannot:
+it starts that table's backfill again from its start, and says so). This run matches its
+watermarks by run and chunk number as before, and opens its own positions.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal, NamedTuple
 
+import nacl.exceptions
+import nacl.utils
 import psycopg
+from nacl.secret import SecretBox
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from config.schema import BackfillSettings
+from config.schema import BackfillSettings, SinkConfig
 from connectors.postgres.messages import BACKFILL, Reason
 from connectors.postgres.protocol import str_to_lsn
 
@@ -48,6 +64,10 @@ _VERSION: Final = 1
 #: most columns a cursor may have (an index has at most 32).
 _TEXT: Final = 8192
 _CURSOR_COLUMNS: Final = 32
+#: The most a sealed position may hold: a signal is at most 64 KiB (connectors/postgres/messages.py).
+_SEALED: Final = 64 * 1024
+#: What a sealing key is derived from ``walflow.backfill.secret`` under (its signing key stays its own).
+_SEAL_CONTEXT: Final = b"walflow.backfill cursor seal v1"
 
 Kind = Literal["request", "low", "high"]
 #: A keyset position: the texts of the pagination columns of the last row read, in order.
@@ -89,11 +109,61 @@ class Signal:
     #: ``high``: this was the table's last chunk; or why the backfill ended unfinished.
     last: bool = False
     error: str | None = None
+    #: Decoded only: its position was sealed with a key this run does not hold (an earlier
+    #: run's own), so where it stood is unknown and ``after`` is None.
+    unknown_position: bool = False
 
-    def encode(self, key: bytes | None = None) -> str:
-        """The signal's JSON; signed with ``key`` (walflow.backfill.secret) when given."""
-        text = json.dumps({"v": _VERSION, **asdict(self)}, separators=(",", ":"))
+    def encode(self, key: bytes | None = None, seal: CursorSeal | None = None) -> str:
+        """The signal's JSON, its position sealed if ``seal`` covers its table; signed with
+        ``key`` (walflow.backfill.secret) when given."""
+        data: dict[str, Any] = {"v": _VERSION, **asdict(self)}
+        del data["unknown_position"]
+        if seal is not None and self.after is not None and seal.covers(self.request.table):
+            data["after"], data["sealed"] = None, seal.close(self.after)
+        text = json.dumps(data, separators=(",", ":"))
         return text if key is None else f"{text}\n{_mac(key, text.encode())}"
+
+
+class CursorSeal:
+    """Which tables' positions are sealed in watermarks, and the key they are sealed with.
+
+    A table is covered when a sink of the slot masks one of its columns or publishes only some
+    of them (``columns.mask``, ``exclude``, ``include``): its key may be among them. The key
+    is derived from ``walflow.backfill.secret`` if set (every run of the config holds it), else
+    drawn at random for this run alone.
+    """
+
+    def __init__(self, tables: Iterable[str], secret: bytes | None) -> None:
+        self.tables = frozenset(tables)
+        #: Whether later runs hold the key too (it comes from walflow.backfill.secret).
+        self.shared = secret is not None
+        key = nacl.utils.random(SecretBox.KEY_SIZE) if secret is None else hmac.new(
+            secret, _SEAL_CONTEXT, hashlib.sha256).digest()
+        self._box = SecretBox(key)
+
+    @classmethod
+    def of(cls, sinks: Iterable[SinkConfig], settings: BackfillSettings) -> CursorSeal:
+        """The seal of a slot read by ``sinks``."""
+        hidden = {table.name for sink in sinks for table in sink.tables
+                  if (c := table.columns) is not None and (c.mask or c.exclude or c.include is not None)}
+        return cls(hidden, signing_key(settings))
+
+    def covers(self, table: str) -> bool:
+        return table in self.tables
+
+    def close(self, cursor: Cursor) -> str:
+        """``cursor`` encrypted and authenticated (a fresh nonce each time), as base64 text."""
+        return base64.b64encode(self._box.encrypt(json.dumps(cursor).encode())).decode()
+
+    def open(self, sealed: str) -> Cursor | None:
+        """The cursor :meth:`close` sealed with this key; None if it was another key's (or is not one)."""
+        try:
+            cursor = json.loads(self._box.decrypt(base64.b64decode(sealed, validate=True)))
+        except (binascii.Error, nacl.exceptions.CryptoError, ValueError):
+            return None
+        if isinstance(cursor, list) and all(v is None or isinstance(v, str) for v in cursor):
+            return cursor
+        return None
 
 
 class NotASignal(NamedTuple):
@@ -125,6 +195,7 @@ class _SignalSchema(BaseModel):
     run: str | None = Field(default=None, max_length=64)
     chunk: int | None = Field(default=None, ge=0)
     after: list[str | None] | None = Field(default=None, max_length=_CURSOR_COLUMNS)
+    sealed: str | None = Field(default=None, max_length=_SEALED)
     rows: int = Field(default=0, ge=0)
     estimate: int = Field(default=0, ge=0)
     last: bool = False
@@ -140,10 +211,11 @@ def _mac(key: bytes, body: bytes) -> str:
     return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def decode(content: bytes, slot: str, key: bytes | None = None) -> Signal | NotASignal | None:
+def decode(content: bytes, slot: str, key: bytes | None = None, seal: CursorSeal | None = None) -> Signal | NotASignal | None:
     """The signal in ``content`` if it is a well-formed one for ``slot`` (and, with ``key``,
-    signed with it); None for another slot's (another deployment's); otherwise why it is
-    not one. Total: it never raises, whatever ``content`` holds."""
+    signed with it), its sealed position opened with ``seal`` if it can; None for another
+    slot's (another deployment's); otherwise why it is not one. Total: it never raises,
+    whatever ``content`` holds."""
     body, newline, mac = content.rpartition(b"\n")
     if not newline:
         body, mac = content, b""
@@ -155,12 +227,17 @@ def decode(content: bytes, slot: str, key: bytes | None = None) -> Signal | NotA
         return None
     if key is not None and not hmac.compare_digest(mac, _mac(key, body).encode()):
         return NotASignal("unauthenticated", "its signature is missing or is not walflow.backfill.secret's")
-    fields = data.model_dump(exclude={"v", "request"})
+    fields = data.model_dump(exclude={"v", "request", "sealed"})
+    if data.sealed is not None:
+        fields["after"] = None if seal is None else seal.open(data.sealed)
+        fields["unknown_position"] = fields["after"] is None
     return Signal(request=BackfillRequest(**data.request.model_dump()), **fields)
 
 
-def emit(conn: psycopg.Connection[Any], signal: Signal, key: bytes | None = None) -> int:
-    """Write ``signal`` (signed with ``key``) in a transaction of its own (``conn`` in autocommit); its LSN."""
-    row = conn.execute("SELECT pg_logical_emit_message(true, %s, %s)::text", [PREFIX, signal.encode(key)]).fetchone()
+def emit(conn: psycopg.Connection[Any], signal: Signal, key: bytes | None = None, seal: CursorSeal | None = None) -> int:
+    """Write ``signal`` (signed with ``key``, its position sealed by ``seal``) in a transaction of
+    its own (``conn`` in autocommit); its LSN."""
+    text = signal.encode(key, seal)
+    row = conn.execute("SELECT pg_logical_emit_message(true, %s, %s)::text", [PREFIX, text]).fetchone()
     assert row is not None
     return str_to_lsn(row[0])

@@ -29,6 +29,7 @@ from config.schema import BackfillSettings, DatabaseConfig, ReplicationSettings,
 from connectors.postgres.backfill import Admission, BackfillRunner, Backfills, BackfillState, Release
 from connectors.postgres.decoder import Item, ResumePoint, Signal
 from connectors.postgres.position import SlotPosition
+from connectors.postgres.signals import CursorSeal
 from connectors.postgres.supervisor import SlotReader
 from core.errors import FatalError
 from core.events import Action, Commit, RawChange, Table
@@ -276,7 +277,7 @@ class PostgresSource(FixedPartitionedSource[RawChange | Commit, SourceState]):
         position = SlotPosition(resume, confirm_after=slot.confirm_after, stop_at=slot.stop_at_lsn,
                                 confirm_delay=slot.confirm_delay)
         reader = SlotReader(db, self.settings, position, metrics=metrics)
-        runner = BackfillRunner(db, self.backfill)
+        runner = BackfillRunner(db, self.backfill, seal=CursorSeal.of(slot.sinks, self.backfill))
         reader.backfill_progress = runner.progress
         admission = Admission.of(slot.sinks, self.backfill, reader.ignored)
         backfills = Backfills(db.slot.name, admission, runner, state.get("backfills"), resume.lsn, metrics=metrics)

@@ -20,7 +20,7 @@ from embedded import NatsServer, PostgresServer
 from embedded._process import free_port
 from tests.backfill.helpers import stored_count
 from tests.cli.helpers import Outcome, add_stream, edit, run_both
-from tests.harness import Database, Nats, TestNames
+from tests.harness import ROLE_PASSWORD, Database, Nats, TestNames
 from tests.pipeline import write_config
 from tests.workload import setup_events
 
@@ -83,9 +83,9 @@ def test_a_role_without_replication(
     role = f"plain_{names.slot}"
     config = setup_events(database, names, nats_srv, tmp_path)  # the publication made as the superuser
     with database.connect() as conn:
-        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{ROLE_PASSWORD}'")
     try:
-        out = _check(edit(config, lambda data: data["databases"][0].update(username=role)))
+        out = _check(edit(config, lambda data: data["databases"][0].update(username=role, password=ROLE_PASSWORD)))
     finally:
         with database.connect() as conn:
             conn.execute(f'DROP ROLE "{role}"')

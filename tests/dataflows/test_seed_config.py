@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 SEED = ROOT / "config" / "examples" / "sequin-seed.yaml"
 NATS_USER, NATS_PASSWORD = "nats", "nats-password"
+#: The seed's database password (config/examples/sequin-seed.yaml): the role the test creates has it.
+PG_PASSWORD = "source-db-password"
 SLOT = "sequin_slot"
 
 
@@ -45,9 +47,9 @@ def seed_pg(tls_files: TlsFiles) -> Iterator[PostgresServer]:
     """PostgreSQL with TLS, prepared as the seed expects: role, database, tables, publication."""
     with PostgresServer(tls=(tls_files.cert, tls_files.key)) as server:
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE ROLE sequin LOGIN REPLICATION PASSWORD 'source-db-password'")
+            conn.execute(f"CREATE ROLE sequin LOGIN REPLICATION PASSWORD '{PG_PASSWORD}'")
             conn.execute("CREATE DATABASE abc OWNER sequin")
-        with psycopg.connect(make_conninfo(server.dsn("abc"), user="sequin"), autocommit=True) as conn:
+        with psycopg.connect(make_conninfo(server.dsn("abc"), user="sequin", password=PG_PASSWORD), autocommit=True) as conn:
             conn.execute("CREATE TABLE public.users (id int PRIMARY KEY, email text)")
             conn.execute("CREATE TABLE public.json_web_tokens (id int PRIMARY KEY, token text)")
         with psycopg.connect(server.dsn("abc"), autocommit=True) as conn:
@@ -125,7 +127,7 @@ def test_seed_config_runs_unchanged(
     with pipeline(config, "-s", "1", env={"SSL_CERT_FILE": str(tls_files.ca)}) as proc:
         wait_for(lambda: _slot_active(seed_pg), timeout=60, what="the pipeline to open its slot",
                  check=lambda: assert_running(proc))
-        with psycopg.connect(make_conninfo(seed_pg.dsn("abc"), user="sequin"), autocommit=True) as conn:
+        with psycopg.connect(make_conninfo(seed_pg.dsn("abc"), user="sequin", password=PG_PASSWORD), autocommit=True) as conn:
             conn.execute("INSERT INTO users VALUES (1, 'ada@example.com')")
             with conn.transaction():
                 conn.execute("INSERT INTO json_web_tokens VALUES (1, 'secret-token')")

@@ -17,7 +17,7 @@ from connectors.postgres.backfill import Admission, Backfills, BackfillState
 from connectors.postgres.backfill_protocol import Entry, Handoff, Ledger
 from connectors.postgres.chunks import Chunk
 from connectors.postgres.decoder import Signal
-from connectors.postgres.signals import BackfillRequest, Cursor
+from connectors.postgres.signals import BackfillRequest, Cursor, CursorSeal
 from connectors.postgres.signals import Signal as Watermark
 from core.events import UNCHANGED_TOAST, RawChange, RawRow, Table
 from core.ids import row_key
@@ -39,7 +39,8 @@ class Runner:
 
     run_id = "this-run"
 
-    def __init__(self) -> None:
+    def __init__(self, seal: CursorSeal | None = None) -> None:
+        self.seal = seal or CursorSeal((), None)
         self.handoff = Handoff(_Ledger(SLOT, self.run_id, max_concurrent=8))
         with self.handoff as ledger:
             self.ledger = ledger  # one thread here: the tests look at it directly
@@ -159,6 +160,43 @@ def test_an_earlier_runs_watermark_resumes_the_backfill_from_its_start_position(
     feed(backfills, signal("low", run="dead-run", number=4, after=["600"]), 160, out)
     assert out == [] and not backfills.watching and runner.started == [("b1", ["500"], 500)]
     assert backfills.floor == 100
+
+
+def test_an_earlier_runs_sealed_position_resumes_where_it_stood_only_with_the_shared_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A table a sink masks has its positions sealed: with ``walflow.backfill.secret`` every run
+    opens them; with a key of the dead run's own, the backfill starts again from the table's start."""
+    low = Watermark("low", SLOT, REQUEST, run="dead-run", chunk=3, after=["500"], rows=500)
+    for dead, this, started in (
+        (CursorSeal([REQUEST.table], b"secret"), CursorSeal([REQUEST.table], b"secret"), [("b1", ["500"], 500)]),
+        (CursorSeal([REQUEST.table], None), CursorSeal([REQUEST.table], None), [("b1", None, 0)]),
+    ):
+        runner = Runner(this)
+        backfills = make(runner)
+        with caplog.at_level("WARNING", logger="walflow.backfill"):
+            feed(backfills, Signal(100, TS, low.encode(None, dead).encode()), 100, [])
+        assert runner.started == started and backfills.floor == 100
+    assert [r.getMessage() for r in caplog.records] == [
+        "backfill b1 of public.orders for sink app-to-nats: starting again from the table's start: an earlier run "
+        "sealed where it stood with a key of its own (a sink hides columns of the table); set walflow.backfill.secret "
+        "to resume where it stopped"]
+
+
+def test_this_runs_sealed_watermarks_match_their_chunks_and_resume_points() -> None:
+    seal = CursorSeal([REQUEST.table], None)
+    runner = Runner(seal)
+    backfills = make(runner)
+    out: list[RawChange] = []
+    feed(backfills, signal("request", run=None), 100, out)
+    for number, ids in ((0, (1, 2)), (1, (3, 4))):
+        low = runner.ledger.next_read("b1")
+        assert isinstance(low, Watermark) and low.chunk == number
+        feed(backfills, Signal(200 + number, TS, low.encode(None, seal).encode()), 200 + number, out)
+        high = runner.ledger.read(low, chunk(*ids), last=number == 1)
+        assert (low.after is None) == ('"sealed"' not in high.encode(None, seal))
+        feed(backfills, Signal(300 + number, TS, high.encode(None, seal).encode()), 300 + number, out)
+    assert [c.new[0] for c in out if c.new] == [b"1", b"2", b"3", b"4"] and backfills.floor is None
 
 
 def test_a_snapshot_resumes_where_it_stood_and_ignores_the_replayed_watermarks() -> None:

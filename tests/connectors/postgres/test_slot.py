@@ -14,7 +14,7 @@ from connectors.postgres.connection import conninfo
 from connectors.postgres.slot import SlotState, prepare
 from core.errors import ReplicationSetupError
 from embedded import PostgresServer
-from tests.harness import Database, TestNames
+from tests.harness import ROLE_PASSWORD, Database, TestNames
 
 
 def _prepare(db: DatabaseConfig) -> SlotState:
@@ -58,10 +58,10 @@ def test_missing_slot_is_a_clear_error(database: Database, names: TestNames) -> 
 def test_role_without_replication_is_a_clear_error(database: Database, names: TestNames) -> None:
     role = f"r_{names.slot}"
     with database.connect() as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{ROLE_PASSWORD}'")
     try:
         with pytest.raises(ReplicationSetupError) as info:
-            _prepare(database.config(username=role))
+            _prepare(database.config(username=role, password=ROLE_PASSWORD))
         assert str(info.value) == (
             f"role '{role}' may not stream changes: it needs the REPLICATION attribute. "
             f'Run ALTER ROLE "{role}" WITH REPLICATION; as a superuser.'
@@ -74,11 +74,11 @@ def test_role_without_replication_is_a_clear_error(database: Database, names: Te
 def test_a_replication_role_that_is_not_superuser_is_enough(database: Database, names: TestNames) -> None:
     role = f"r_{names.slot}"
     with database.connect() as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+        conn.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{ROLE_PASSWORD}'")
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         conn.execute(f"CREATE PUBLICATION {names.publication} FOR ALL TABLES")
     try:
-        state = _prepare(database.config(username=role, slot={"name": names.slot, "create_if_not_exists": True}))
+        state = _prepare(database.config(username=role, password=ROLE_PASSWORD, slot={"name": names.slot, "create_if_not_exists": True}))
         assert state.confirmed_flush_lsn > 0
     finally:
         with database.connect() as conn:
@@ -112,6 +112,7 @@ def test_wrong_wal_level_is_a_clear_error(replica_level_server: PostgresServer, 
             "hostname": replica_level_server.host,
             "port": replica_level_server.port,
             "database": "postgres",
+            "password": replica_level_server.password,
             "slot": {"name": names.slot, "create_if_not_exists": True},
             "publication": {"name": names.publication, "create_if_not_exists": True},
         }

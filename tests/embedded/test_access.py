@@ -1,0 +1,54 @@
+"""The embedded servers let in only the user who started them: another local user, who can reach
+127.0.0.1 and the socket directory's name but not the private directory, gets nothing."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from embedded import PostgresServer
+from tests.harness import Postgres
+
+
+@pytest.fixture
+def server(pg: Postgres) -> PostgresServer:
+    if not isinstance(pg, PostgresServer):
+        pytest.skip("needs the embedded PostgreSQL: WALFLOW_TEST_PG_DSN points the tests at an external server")
+    return pg
+
+
+def _login(server: PostgresServer, host: str, **params: str) -> str:
+    """A DSN as another local user would write it: no passfile of ours, no PGPASSWORD."""
+    return make_conninfo(host=host, port=server.port, user=server.superuser, dbname="postgres",
+                         passfile="/nonexistent", connect_timeout=5, **params)
+
+
+def test_postgres_asks_every_connection_for_the_superusers_random_password(
+    server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    assert server.base is not None
+    for host in (server.host, str(server.base)):  # TCP, and the unix socket
+        with pytest.raises(psycopg.OperationalError, match="no password supplied"):
+            psycopg.connect(_login(server, host))
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(_login(server, host, password="postgres"))
+        with psycopg.connect(_login(server, host, password=server.password)) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    with psycopg.connect(server.dsn()) as conn:
+        methods = conn.execute("SELECT DISTINCT type, auth_method FROM pg_hba_file_rules ORDER BY 1").fetchall()
+    assert methods == [("host", "scram-sha-256"), ("local", "scram-sha-256")]
+
+
+def test_postgres_password_lives_only_in_a_private_passfile(server: PostgresServer) -> None:
+    assert server.base is not None
+    assert server.password not in server.dsn()  # a printed DSN shows where it is, not what it is
+    assert stat.S_IMODE(server.base.stat().st_mode) == 0o700
+    passfile = server.passfile.stat()
+    assert (stat.S_IMODE(passfile.st_mode), passfile.st_uid) == (0o600, os.geteuid())
+    assert not (server.base / "initdb.pw").exists()
+    assert len(server.password) >= 32 and server.password != PostgresServer().password
