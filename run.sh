@@ -4,8 +4,11 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
+# Two venvs, each exactly one lock (requirements/, README: Setup): .venv for the tests, the demo and
+# the benchmark (runtime + test + bench), .venv-runtime for run, check, status and backfill (runtime only).
 VENV="$ROOT/.venv"
-STAMP="$VENV/.walflow-setup"
+RUNTIME_VENV="$ROOT/.venv-runtime"
+LOCKS="$ROOT/requirements"
 
 say() { printf 'walflow: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -14,11 +17,15 @@ usage() {
     cat >&2 <<'EOF'
 usage: ./run.sh COMMAND [ARGS...]
 
-  setup                       create .venv/ (CPython 3.11 or 3.12) and install walflow with its test and bench extras
+  setup [runtime]             install the locked, hash-checked packages (CPython 3.11 or 3.12): .venv-runtime/
+                              from requirements/runtime.lock and .venv/ from requirements/dev.lock
+                              ("runtime": .venv-runtime/ only, for a host that only runs walflow)
   test [PYTEST ARGS...]       setup if needed, then the whole test suite in 3 workers (each starts its own
                               PostgreSQL and NATS); -m "not slow" the quick tier, -n 0 one process
   run [CONFIG] [BYTEWAX ARGS] python -m bytewax.run dataflows.cdc with WALFLOW_CONFIG=CONFIG
-                              (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax
+                              (default config/walflow.yaml); -w, -i, -a, -r, -s, -b go to Bytewax.
+                              run, backfill, check and status use .venv-runtime/ and never download:
+                              without a current one they stop and ask for ./run.sh setup
   backfill [CONFIG] --sink NAME --table SCHEMA.TABLE [--sort-column COL --start-position VALUE]
                               ask the running pipeline (or the next one started) to backfill a table
   check [CONFIG] [--json]     validate the config, PostgreSQL and NATS without starting the flow; each failure
@@ -56,8 +63,10 @@ find_python() {
     return 1
 }
 
-# PostgreSQL server binaries are a system dependency (the tests and the demo start a throwaway
-# server from them). On Debian/Ubuntu as root we install them; otherwise we say how.
+# PostgreSQL server binaries are a system dependency of the tests, the demo and the benchmark (each
+# starts a throwaway server from them); running walflow needs none. On Debian/Ubuntu as root we
+# install them, saying so first, without the system cluster the package would otherwise create and
+# start on :5432; otherwise we say how. $1 says what needs them ("the tests").
 ensure_postgres() {
     local d
     for d in "${WALFLOW_PG_BINDIR:-}" "$(pg_config --bindir 2>/dev/null || true)" /usr/lib/postgresql/*/bin; do
@@ -65,52 +74,91 @@ ensure_postgres() {
     done
     command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        say "PostgreSQL server binaries not found; installing Debian's 'postgresql' package"
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
-            || die "could not install PostgreSQL; install the server (e.g. 'apt-get install postgresql') and retry"
+        apt-get update -qq || die "apt-get update failed; install PostgreSQL's server binaries and retry"
+        # The distribution's server package (postgresql-15 on Debian bookworm), not the 'postgresql'
+        # metapackage and its recommends.
+        local pkg
+        pkg="$(apt-cache depends postgresql 2>/dev/null | sed -n 's/^ *Depends: \(postgresql-[0-9][0-9]*\)$/\1/p' | head -n 1)"
+        pkg="${pkg:-postgresql}"
+        say "PostgreSQL server binaries not found; installing Debian's $pkg server binaries for $1 (apt-get;"
+        say "no cluster is created or started: /etc/postgresql-common/createcluster.d/walflow.conf)"
+        mkdir -p /etc/postgresql-common/createcluster.d
+        echo "create_main_cluster = false  # walflow's run.sh: its tests start their own servers" \
+            >/etc/postgresql-common/createcluster.d/walflow.conf
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null \
+            || die "could not install $pkg; install PostgreSQL's server binaries and retry"
         return 0
     fi
-    say "PostgreSQL server binaries (initdb, postgres) not found."
-    say "Install them (Debian/Ubuntu: 'sudo apt-get install postgresql'; macOS: 'brew install postgresql')"
-    say "or set WALFLOW_PG_BINDIR to the directory that holds initdb and postgres."
+    say "PostgreSQL server binaries (initdb, postgres) not found; $1 need them."
+    say "Install them (Debian/Ubuntu: 'sudo apt-get install postgresql-15', which also creates and starts a"
+    say "system cluster unless /etc/postgresql-common/createcluster.d/ says 'create_main_cluster = false';"
+    say "macOS: 'brew install postgresql') or set WALFLOW_PG_BINDIR to the directory that holds initdb and postgres."
     return 1
 }
 
-setup() {
-    local want
-    want="$(sha256sum <pyproject.toml | cut -d" " -f1)"
-    if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && python_ok "$VENV/bin/python"; then
-        return 0
-    fi
+# What a venv was installed from: its lock, the build lock and pyproject.toml (walflow itself).
+venv_digest() {
+    cat "$LOCKS/build.lock" "$LOCKS/$1" pyproject.toml | sha256sum | cut -d" " -f1
+}
+
+# VENV LOCK: is VENV a CPython 3.11/3.12 venv installed from exactly LOCK as it is now?
+venv_current() {
+    [ -x "$1/bin/python" ] && python_ok "$1/bin/python" && [ -f "$1/.walflow-setup" ] \
+        && [ "$(cat "$1/.walflow-setup")" = "$(venv_digest "$2")" ]
+}
+
+# VENV LOCK: (re)create VENV holding exactly LOCK's pins and walflow, every file checked against
+# the lock's sha256. Nothing else is downloaded: not pip itself (the venv's own is used), not a
+# build backend (setuptools comes from build.lock, builds run with --no-build-isolation).
+install_venv() {
+    local venv="$1" lock="$2"
+    venv_current "$venv" "$lock" && return 0
     local py
     py="$(find_python)" || die "walflow needs CPython 3.11 or 3.12 with the venv module (Bytewax 0.21.1 has no wheels for newer Pythons).
   Install one (Debian: 'apt-get install python3.11 python3.11-venv'; pyenv: 'pyenv install 3.12')
   or point WALFLOW_PYTHON at its interpreter, then run ./run.sh setup again."
-    say "setting up .venv with $("$py" --version 2>&1) ($py)"
-    if [ -d "$VENV" ] && ! python_ok "$VENV/bin/python"; then
-        rm -rf "$VENV"
-    fi
-    [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV" || die "could not create $VENV (is the venv module installed?)"
-    local log="$VENV/setup.log"
-    if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip \
-           && "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".[test,bench]"; } >"$log" 2>&1; then
+    say "installing requirements/$lock into ${venv#"$ROOT/"}/ with $("$py" --version 2>&1) ($py)"
+    # A fresh venv each time: packages a previous lock had and this one drops must not stay.
+    rm -rf "$venv"
+    "$py" -m venv "$venv" || die "could not create $venv (is the venv module installed?)"
+    local log="$venv/setup.log" pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-deps)
+    if ! { "${pip[@]}" --require-hashes -r "$LOCKS/build.lock" \
+           && "${pip[@]}" --require-hashes --no-build-isolation -r "$LOCKS/$lock" \
+           && "${pip[@]}" --no-build-isolation -e .; } >"$log" 2>&1; then
         tail -n 40 "$log" >&2
-        die "could not install walflow and its dependencies into $VENV (full log: $log)"
+        die "could not install requirements/$lock into $venv (full log: $log)"
     fi
-    echo "$want" >"$STAMP"
-    say "setup done"
+    venv_digest "$lock" >"$venv/.walflow-setup"
+}
+
+setup_runtime() { install_venv "$RUNTIME_VENV" runtime.lock; }
+setup_dev() { install_venv "$VENV" dev.lock; }
+
+# run, backfill, check and status never download: a runtime venv that is missing or older than
+# the locks (or pyproject.toml) stops them with what to do.
+need_runtime() {
+    venv_current "$RUNTIME_VENV" runtime.lock && return 0
+    if [ -x "$RUNTIME_VENV/bin/python" ]; then
+        die ".venv-runtime/ is out of date with requirements/runtime.lock or pyproject.toml; run ./run.sh setup (it downloads; $1 never does)"
+    fi
+    die ".venv-runtime/ is not set up; run ./run.sh setup first (it downloads the locked packages; $1 never does)"
 }
 
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
     setup)
-        setup
-        ensure_postgres
+        case "${1:-}" in
+            "") setup_runtime; setup_dev ;;
+            runtime) setup_runtime ;;
+            *) usage; exit 2 ;;
+        esac
         ;;
     test)
-        setup
-        ensure_postgres
+        # both venvs: tests/test_install.py checks each against its lock
+        setup_runtime
+        setup_dev
+        ensure_postgres "the tests"
         # Parallel workers by default, each with its own PostgreSQL and NATS (README: Tests); a -n
         # of the caller's wins (-n 0: one process, for --pdb or -s).
         workers=(-n "${WALFLOW_TEST_WORKERS:-3}")
@@ -120,7 +168,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"
         ;;
     run)
-        setup
+        need_runtime "./run.sh run"
         config="config/walflow.yaml"
         if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
             config="$1"
@@ -132,21 +180,21 @@ case "$cmd" in
         # two epochs after a change is stored), snapshots kept no longer than needed.
         export BYTEWAX_SNAPSHOT_INTERVAL="${BYTEWAX_SNAPSHOT_INTERVAL:-1}"
         export BYTEWAX_RECOVERY_BACKUP_INTERVAL="${BYTEWAX_RECOVERY_BACKUP_INTERVAL:-0}"
-        exec "$VENV/bin/python" -m bytewax.run dataflows.cdc "$@"
+        exec "$RUNTIME_VENV/bin/python" -m bytewax.run dataflows.cdc "$@"
         ;;
     demo)
-        setup
-        ensure_postgres
+        setup_dev
+        ensure_postgres "the demo"
         exec "$VENV/bin/python" -m demo "$@"
         ;;
     bench)
-        setup
-        ensure_postgres
+        setup_dev
+        ensure_postgres "the benchmark"
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     backfill | check | status)
-        setup
-        exec "$VENV/bin/walflow" "$cmd" "$@"
+        need_runtime "./run.sh $cmd"
+        exec "$RUNTIME_VENV/bin/walflow" "$cmd" "$@"
         ;;
     -h | --help | help)
         usage
