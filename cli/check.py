@@ -30,7 +30,6 @@ from typing import Any, Final
 
 import psycopg
 from nats.errors import NoRespondersError
-from psycopg import sql
 
 from cli.durability import durability_checks
 from cli.probe import (
@@ -66,9 +65,10 @@ from cli.probe import (
 )
 from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
+from connectors.postgres import hints
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.requests import _keyless
-from connectors.postgres.slot import _NO_IDENTITY_QUERY
+from connectors.postgres.slot import _NO_IDENTITY_QUERY, EMIT_QUERY
 from core.subjects import covers, database_subjects, schema_pattern, subject, transaction_subject
 
 NAMES: Final = {Level.OK: "pass", Level.INFO: "info", Level.WARN: "warn", Level.FAIL: "fail"}
@@ -77,6 +77,15 @@ TAGS: Final = {Level.OK: "ok", Level.INFO: "note", Level.WARN: "warn", Level.FAI
 MIN_VERSION: Final = 140000
 
 _ROLE_QUERY = "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user"
+_OWNED_QUERY = """
+SELECT p.schemaname || '.' || p.tablename FROM pg_publication_tables p
+JOIN pg_namespace n ON n.nspname = p.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+WHERE p.pubname = %s AND pg_has_role(c.relowner, 'USAGE')
+"""
+#: Where a finding of more privilege than walflow needs points.
+LEAST_PRIVILEGE: Final = ("run walflow as a role made by docs/least-privilege.sql (LOGIN REPLICATION, SELECT on the "
+                          "published tables, EXECUTE on pg_logical_emit_message)")
 _UNREADABLE_QUERY = """
 SELECT schemaname || '.' || tablename FROM pg_publication_tables
 WHERE pubname = %s AND NOT has_table_privilege(format('%%I.%%I', schemaname, tablename), 'SELECT')
@@ -161,12 +170,15 @@ def _database_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, config: 
                                 f"({'superuser' if superuser else 'REPLICATION'})"))
     else:
         findings.append(Finding(about, Level.FAIL, f"role '{db.username}' may not stream changes: it has neither "
-                                "REPLICATION nor SUPERUSER", f'ALTER ROLE "{db.username}" WITH REPLICATION; '
-                                "(as a superuser)"))
+                                "REPLICATION nor SUPERUSER", f"{hints.grant_replication(db.username)} (as a superuser)"))
+    if superuser:
+        findings.append(Finding(about, Level.WARN, f"role '{db.username}' is a superuser: more than walflow needs (it "
+                                "may read and change everything on the server)", LEAST_PRIVILEGE))
     pub = publication(conn, db)
     published[db.name] = pub.tables
     sinks = [s for s in config.sinks if s.database == db.name]
     findings += _publication_checks(conn, db, pub, sinks, superuser)
+    findings += _message_checks(conn, db, sinks, superuser)
     findings += _slot_checks(conn, db, srv, config_file, tables_read(sinks, pub.tables))
     return findings
 
@@ -175,24 +187,27 @@ def _publication_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, pub: 
                         sinks: list[SinkConfig], superuser: bool) -> list[Finding]:
     about = f"publication {pub.name}"
     if not pub.exists:
-        create = f'CREATE PUBLICATION "{pub.name}" FOR ALL TABLES;'
+        create = hints.create_publication(pub.name)
         if not db.publication.create_if_not_exists:
             return [Finding(about, Level.FAIL, f"publication {pub.name} does not exist in database '{db.database}'",
                             f"{create} or set publication.create_if_not_exists: true for database '{db.name}'")]
         if db.publication.init_sql is None and not superuser:
             return [Finding(about, Level.FAIL, f"publication {pub.name} does not exist, and walflow would create it "
-                            f"FOR ALL TABLES, which only a superuser may", f"run {create} as a superuser, or give "
-                            "publication.init_sql a CREATE PUBLICATION ... FOR TABLE ... that this role may run")]
+                            f"FOR ALL TABLES, which only a superuser may", "create it once as the tables' owner: "
+                            f"{hints.create_publication(pub.name, [])} (docs/least-privilege.sql), or as a superuser: "
+                            f"{create}")]
         how = "its init_sql" if db.publication.init_sql else "FOR ALL TABLES"
         return [Finding(about, Level.OK, f"publication {pub.name} does not exist: walflow creates it at start "
                         f"({how}); run check again then to check its tables")]
     if not pub.tables:
         return [Finding(about, Level.WARN, f"publication {pub.name} publishes no tables: walflow delivers nothing",
-                        f'ALTER PUBLICATION "{pub.name}" ADD TABLE ...;')]
+                        hints.add_to_publication(pub.name))]
     read = {table for _, table in tables_read(sinks, pub.tables)}
     findings = [Finding(about, Level.OK, f"publication {pub.name}: {count(len(pub.tables), 'table')} "
                         f"({', '.join(sorted(pub.actions))}), {len(read)} read by the enabled sinks")]
     findings += _select_checks(conn, db, pub, sinks, read)
+    if not superuser:
+        findings += _owner_checks(conn, db, pub, read)
     findings += _identity_checks(conn, db, pub, read)
     return findings
 
@@ -204,7 +219,7 @@ def _select_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, pub: Publi
     if not unreadable:
         return [Finding(about, Level.OK, f"role '{db.username}' may SELECT every table the sinks read")]
     initial = {t for s in sinks for t in _initial_tables(s, read)}
-    grant = "GRANT SELECT ON " + ", ".join(_quoted(t) for t in unreadable) + f' TO "{db.username}";'
+    grant = hints.grant_select(unreadable, db.username)
     now = [t for t in unreadable if t in initial]
     if now:
         return [Finding(about, Level.FAIL, f"role '{db.username}' may not SELECT {', '.join(now)}, which "
@@ -221,9 +236,42 @@ def _initial_tables(sink: SinkConfig, read: set[str]) -> set[str]:
     return set()
 
 
-def _quoted(table: str) -> str:
-    schema, _, name = table.partition(".")
-    return f"{sql.Identifier(schema).as_string()}.{sql.Identifier(name).as_string()}"
+def _owner_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, pub: Publication,
+                  read: set[str]) -> list[Finding]:
+    """Tables the role owns (or may act as the owner of): it may alter or drop them, where SELECT is enough."""
+    owned = sorted({t for (t,) in conn.execute(_OWNED_QUERY, [pub.name]).fetchall()} & read)
+    if not owned:
+        return []
+    return [Finding(f"publication {pub.name}", Level.WARN, f"role '{db.username}' owns {', '.join(owned)}: more "
+                    "than walflow needs (an owner may alter and drop them; walflow only reads them)", LEAST_PRIVILEGE)]
+
+
+def _message_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, sinks: list[SinkConfig],
+                    superuser: bool) -> list[Finding]:
+    """Whether the role may write logical messages (heartbeats, backfill signals and watermarks),
+    and whether every other role may too (which only walflow needs)."""
+    about = f"database {db.name}"
+    rows = conn.execute(EMIT_QUERY).fetchall()
+    findings = []
+    denied = [name for name, allowed, _ in rows if not allowed]
+    if denied:
+        initial = [s.name for s in sinks if s.enabled and s.initial_backfill]
+        text = f"role '{db.username}' may not write logical messages (pg_logical_emit_message): "
+        grant = f"{hints.grant_execute(denied, db.username)} (as a superuser)"
+        if initial:
+            findings.append(Finding(about, Level.FAIL, text + f"initial_backfill of {', '.join(initial)} cannot start",
+                                    grant))
+        else:
+            findings.append(Finding(about, Level.WARN, text + "no heartbeats, and walflow backfill cannot run", grant))
+    elif not superuser:
+        findings.append(Finding(about, Level.OK, f"role '{db.username}' may write logical messages (heartbeats, "
+                                "backfill signals)"))
+    if any(public for _, _, public in rows):
+        findings.append(Finding(about, Level.INFO, "every role of the database may write logical messages into "
+                                "walflow's slot (pg_logical_emit_message is PUBLIC's): walflow checks what it reads, "
+                                "but only it need write them", "step 2 of docs/least-privilege.sql: REVOKE EXECUTE "
+                                "... FROM PUBLIC, then GRANT EXECUTE ... to walflow's role"))
+    return findings
 
 
 def _identity_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, pub: Publication,
@@ -235,8 +283,8 @@ def _identity_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, pub: Pub
                for schema, table, ident in rows}
     if missing:
         listed = ", ".join(f"{t} ({why})" for t, why in sorted(missing.items()))
-        first = _quoted(min(missing))
-        fix = f"give each a primary key, or ALTER TABLE {first} REPLICA IDENTITY FULL; (and likewise the others)"
+        fix = (f"give each a primary key, or {hints.replica_identity_full(min(missing))} (and likewise the "
+               "others)")
         if pub.actions & {"update", "delete"}:
             findings.append(Finding(about, Level.FAIL, f"tables without a replica identity: {listed}; PostgreSQL "
                                     "rejects their UPDATEs and DELETEs while the publication publishes them", fix))
@@ -260,8 +308,8 @@ def _slot_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, srv: Server,
     if not slot.exists:
         if not db.slot.create_if_not_exists:
             return [Finding(about, Level.FAIL, f"slot {name} does not exist",
-                            f"SELECT pg_create_logical_replication_slot('{name}', 'pgoutput'); or set "
-                            f"slot.create_if_not_exists: true for database '{db.name}'")]
+                            f"{hints.create_slot(name)} or set slot.create_if_not_exists: true for database "
+                            f"'{db.name}'")]
         if srv.slots_used >= srv.max_replication_slots:
             return [Finding(about, Level.FAIL, f"slot {name} does not exist, and every one of max_replication_slots "
                             f"({srv.max_replication_slots}) is in use: walflow could not create it",

@@ -42,6 +42,7 @@ from config.schema import DatabaseConfig, HealthSettings, NatsDestination, SinkC
 from connectors.nats.connection import _credentials_hint, connect_options, permission_error, sorted_as
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import ensure_stream
+from connectors.postgres import hints
 from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
@@ -339,9 +340,9 @@ def lost_slot_fix(db: DatabaseConfig, config_file: str, backfills: Sequence[tupl
     """The commands that bring back an invalidated slot and what it lost: drop it, have it
     created again, and backfill every table a sink reads from it."""
     slot = db.slot.name
-    steps = [f"SELECT pg_drop_replication_slot('{slot}');"]
+    steps = [hints.drop_slot(slot)]
     if not db.slot.create_if_not_exists:
-        steps.append(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');")
+        steps.append(hints.create_slot(slot))
     steps.append(f"start walflow ({shlex.join(['./run.sh', 'run', config_file])})"
                  + (", which creates the slot again;" if db.slot.create_if_not_exists else ";"))
     if backfills:

@@ -69,6 +69,7 @@ from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
 from connectors.nats.regression import Regression
 from connectors.nats.state import recorded_regression, recorded_schemas
+from connectors.postgres import hints
 from connectors.postgres.backfill_progress import progress_text
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT
@@ -303,7 +304,7 @@ def judge_slot(db: DatabaseConfig, config_file: str, first: SlotSample, last: Sl
     about = f"slot {db.slot.name}"
     if not last.exists:
         make = ("start walflow: it creates the slot (slot.create_if_not_exists)" if db.slot.create_if_not_exists
-                else f"SELECT pg_create_logical_replication_slot('{db.slot.name}', 'pgoutput'); then start walflow")
+                else f"{hints.create_slot(db.slot.name)} then start walflow")
         return [Finding(about, Level.FAIL, f"slot {db.slot.name} does not exist: PostgreSQL keeps no changes for "
                         "walflow", make)]
     if last.plugin != "pgoutput" or last.database != db.database:
@@ -491,7 +492,7 @@ def _judge_database(seen: _Database, config: Config, config_file: str, health: H
     about = f"publication {pub.name}"
     if not pub.exists:
         fix = ("start walflow: it creates the publication (publication.create_if_not_exists)"
-               if db.publication.create_if_not_exists else f'CREATE PUBLICATION "{pub.name}" FOR ALL TABLES;')
+               if db.publication.create_if_not_exists else hints.create_publication(pub.name))
         findings.append(Finding(about, Level.FAIL, f"publication {pub.name} does not exist: nothing is published", fix))
     elif not pub.tables:
         findings.append(Finding(about, Level.WARN, f"publication {pub.name} publishes no tables"))

@@ -17,7 +17,7 @@ from config.schema import DatabaseConfig
 from connectors.postgres import signals
 from connectors.postgres.connection import conninfo
 from connectors.postgres.signals import BackfillRequest
-from connectors.postgres.slot import prepare
+from connectors.postgres.slot import messages_denied, messages_refusal, prepare
 from core.errors import FatalError
 
 _PUBLISHED_QUERY = "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1"
@@ -69,6 +69,9 @@ def request_backfills(db: DatabaseConfig, requests: list[BackfillRequest], key: 
     """Check each request against the database, make sure the slot exists, and write them
     (signed with ``key``, ``walflow.backfill.secret``, when it is set)."""
     with _connect(db) as conn:
+        denied = messages_denied(conn)
+        if denied:
+            raise BackfillRequestError(messages_refusal(db, denied))
         prepare(conn, db)
         published, keyless = set(_published(conn, db)), _keyless(conn, db)
         for request in requests:

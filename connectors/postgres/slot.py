@@ -10,15 +10,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 
 from config.schema import DatabaseConfig
+from connectors.postgres import hints
 from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import str_to_lsn
 from core.errors import ReplicationSetupError
+from core.once import warn_once
 
 log = logging.getLogger("walflow.postgres")
 
@@ -39,6 +41,9 @@ def prepare(conn: psycopg.Connection[Any], db: DatabaseConfig) -> SlotState:
     _ensure_publication(conn, db)
     state = _ensure_slot(conn, db)
     _warn_about_identity(conn, db.publication.name)
+    denied = messages_denied(conn)
+    if denied:
+        warn_once(log, ("messages refused", db.name), "%s", messages_refusal(db, denied))
     return state
 
 
@@ -59,7 +64,7 @@ def _check_role(conn: psycopg.Connection[Any], db: DatabaseConfig) -> None:
     if not row or not row[0]:
         raise ReplicationSetupError(
             f"role '{db.username}' may not stream changes: it needs the REPLICATION attribute. "
-            f'Run ALTER ROLE "{db.username}" WITH REPLICATION; as a superuser.'
+            f"Run {hints.grant_replication(db.username)} as a superuser."
         )
 
 
@@ -70,7 +75,7 @@ def _ensure_publication(conn: psycopg.Connection[Any], db: DatabaseConfig) -> No
     if not pub.create_if_not_exists:
         raise ReplicationSetupError(
             f"publication '{pub.name}' does not exist in database '{db.database}'. Create it "
-            f"(CREATE PUBLICATION \"{pub.name}\" FOR ALL TABLES;) or set publication.create_if_not_exists: true "
+            f"({hints.create_publication(pub.name)}) or set publication.create_if_not_exists: true "
             f"for database '{db.name}'."
         )
     statement = (
@@ -86,8 +91,9 @@ def _ensure_publication(conn: psycopg.Connection[Any], db: DatabaseConfig) -> No
         return  # created meanwhile by someone else: fine
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ReplicationSetupError(
-            f"could not create publication '{pub.name}': {exc.diag.message_primary}. "
-            "Create it as a superuser, or give walflow a publication to use."
+            f"could not create publication '{pub.name}' as role '{db.username}': {exc.diag.message_primary}. "
+            f"Create it once as the tables' owner ({hints.create_publication(pub.name, [])}; docs/least-privilege.sql) "
+            f"or as a superuser ({hints.create_publication(pub.name)})."
         ) from None
     log.info("created publication %s", pub.name)
 
@@ -105,7 +111,7 @@ def _ensure_slot(conn: psycopg.Connection[Any], db: DatabaseConfig) -> SlotState
         if not slot.create_if_not_exists:
             raise ReplicationSetupError(
                 f"replication slot '{slot.name}' does not exist. Create it "
-                f"(SELECT pg_create_logical_replication_slot('{slot.name}', 'pgoutput');) "
+                f"({hints.create_slot(slot.name)}) "
                 f"or set slot.create_if_not_exists: true for database '{db.name}'."
             )
         try:
@@ -125,7 +131,7 @@ def _ensure_slot(conn: psycopg.Connection[Any], db: DatabaseConfig) -> SlotState
         raise ReplicationSetupError(
             f"replication slot '{slot.name}' was invalidated by PostgreSQL (wal_status = lost): the WAL it needed "
             "was removed, so changes since its last confirmed position are gone from it. To recover: "
-            f"SELECT pg_drop_replication_slot('{slot.name}'); then start walflow again to recreate the slot, "
+            f"{hints.drop_slot(slot.name)} then start walflow again to recreate the slot, "
             "and backfill the tables from their current contents."
         )
     if wal_status == "unreserved":
@@ -153,6 +159,27 @@ def _warn_about_identity(conn: psycopg.Connection[Any], publication: str) -> Non
             schema,
             table,
         )
+
+
+#: The variants of ``pg_logical_emit_message`` walflow calls (text content; PostgreSQL 17 adds
+#: a ``flush`` argument), as the server names them, and whether the current role may call each.
+EMIT_QUERY: Final = """
+SELECT p.oid::regprocedure::text, has_function_privilege(p.oid, 'EXECUTE'), has_function_privilege('public', p.oid, 'EXECUTE')
+FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.proargtypes[2] = 'text'::regtype ORDER BY 1
+"""
+
+
+def messages_denied(conn: psycopg.Connection[Any]) -> list[str]:
+    """The variants of ``pg_logical_emit_message`` walflow calls that the role may not
+    (docs/least-privilege.sql revokes them from PUBLIC and grants them to walflow's role)."""
+    return [name for name, allowed, _ in conn.execute(EMIT_QUERY).fetchall() if not allowed]
+
+
+def messages_refusal(db: DatabaseConfig, denied: list[str]) -> str:
+    """What a role that may not write logical messages misses (heartbeats, backfill signals and
+    watermarks are walflow's own role's), and what to grant."""
+    return (f"role '{db.username}' may not write logical messages (pg_logical_emit_message): walflow writes no "
+            f"heartbeats and cannot backfill. Run {hints.grant_execute(denied, db.username)} as a superuser.")
 
 
 def confirmed_lsn(db: DatabaseConfig) -> int:

@@ -107,8 +107,8 @@ def test_a_missing_publication_that_walflow_may_not_create(
     assert out.code == 1
     assert _failed(out) == [f"publication {names.publication} does not exist in database '{names.database}'"]
     assert out.finding("fail", "does not exist in database")["fix"] == (
-        f'CREATE PUBLICATION "{names.publication}" FOR ALL TABLES; or set publication.create_if_not_exists: true '
-        "for database 'shop'")
+        f'CREATE PUBLICATION "{names.publication}" FOR ALL TABLES WITH (publish_via_partition_root = true); or set '
+        "publication.create_if_not_exists: true for database 'shop'")
 
 
 def test_a_stream_with_other_subjects(

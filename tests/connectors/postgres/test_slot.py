@@ -43,7 +43,7 @@ def test_missing_publication_is_a_clear_error(database: Database, names: TestNam
         _prepare(database.config(create=False))
     assert str(info.value) == (
         f"publication '{names.publication}' does not exist in database '{names.database}'. Create it "
-        f"(CREATE PUBLICATION \"{names.publication}\" FOR ALL TABLES;) or set "
+        f"(CREATE PUBLICATION \"{names.publication}\" FOR ALL TABLES WITH (publish_via_partition_root = true);) or set "
         "publication.create_if_not_exists: true for database 'app'."
     )
 

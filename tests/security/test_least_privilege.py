@@ -1,0 +1,179 @@
+"""walflow as the least-privilege PostgreSQL role (docs/least-privilege.sql, run as users run it, with
+psql) and NATS user (docs/nats-permissions.conf, the server's own authorization block): the whole
+pipeline, backfills included, delivers every change once and moves its slot; ``walflow check``
+finds nothing missing and nothing more than needed, and names each privilege taken away or added."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from config.schema import NatsDestination
+from embedded import NatsServer, wait_for
+from tests.backfill.helpers import walflow
+from tests.cli.helpers import Outcome, edit, run_both
+from tests.harness import ROLE_PASSWORD, Database, TestNames, delete_stream, slot_confirmed
+from tests.pipeline import ROOT, assert_running, pipeline, stored, write_config
+
+pytestmark = pytest.mark.slow  # the pipeline (python -m bytewax.run) runs in most of them
+
+RECIPE = ROOT / "docs" / "least-privilege.sql"
+NATS_RECIPE = ROOT / "docs" / "nats-permissions.conf"
+NATS_PASSWORD = "walflow-nats-test"
+#: A user without permissions: all of them (the tests read the stream as it; check names its excess).
+ADMIN = "admin"
+#: config/walflow.yaml's names, which docs/nats-permissions.conf is written for.
+PREFIX, STREAM, INBOX = "walflow", "WALFLOW", "_INBOX_walflow"
+#: destination.inbox_prefix (issue 27's NATS part) may not have landed yet: until it has, replies
+#: arrive under nats-py's _INBOX, and the user must be let read those.
+INBOX_PREFIX = "inbox_prefix" in NatsDestination.model_fields
+
+
+def nats_authorization() -> str:
+    """docs/nats-permissions.conf with the test's password, and an admin user beside walflow's."""
+    text = NATS_RECIPE.read_text().replace("$WALFLOW_NATS_PASSWORD", json.dumps(NATS_PASSWORD))
+    if not INBOX_PREFIX:
+        text = text.replace(f'"{INBOX}.>"', '"_INBOX.>"')
+    admin = f"    {{user: {ADMIN}, password: {json.dumps(NATS_PASSWORD)}}}\n"
+    return text.replace("  users: [\n", "  users: [\n" + admin, 1)
+
+
+@pytest.fixture(scope="module")
+def minimal_nats() -> Iterator[NatsServer]:
+    with NatsServer(extra_config=nats_authorization()) as server:
+        yield server
+
+
+def admin_url(server: NatsServer) -> str:
+    return server.url.replace("nats://", f"nats://{ADMIN}:{NATS_PASSWORD}@")
+
+
+@pytest.fixture
+def own_stream(minimal_nats: NatsServer) -> Iterator[None]:
+    """The recipe's stream, deleted after the test (the server is the module's)."""
+    yield
+    delete_stream(admin_url(minimal_nats), STREAM)
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The test's roles: the tables' owner (who owns the database) and walflow's (from the recipe)."""
+
+    owner: str
+    walflow: str
+
+
+@contextmanager
+def least_privilege(database: Database, names: TestNames, tables: dict[str, str], role: str | None = None,
+                    rows: int = 0) -> Iterator[Roles]:
+    """The test's database owned by another role, which creates ``tables`` (name: columns) with
+    ``rows`` rows each; then the recipe, run by psql as the superuser, makes walflow's role
+    (``role``, else one of the test's own) and the publication. Both roles dropped on leaving."""
+    roles = Roles(f"owner_{names.slot}", role or f"walflow_{names.slot}")
+    with database.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(roles.owner),
+                                                                        sql.Literal(ROLE_PASSWORD)))
+        conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(names.database),
+                                                                    sql.Identifier(roles.owner)))
+    try:
+        with psycopg.connect(make_conninfo(database.dsn, user=roles.owner, password=ROLE_PASSWORD),
+                             autocommit=True) as owner:
+            for table, columns in tables.items():
+                owner.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(*table.split(".")),
+                                                                    sql.SQL(columns)))
+                owner.execute(sql.SQL("INSERT INTO {} (id) SELECT generate_series(1, %s)").format(
+                    sql.Identifier(*table.split("."))), [rows])
+        listed = ", ".join(sql.Identifier(*t.split(".")).as_string() for t in tables)
+        done = subprocess.run(
+            ["psql", database.dsn, "-X", "-q", "-f", str(RECIPE), "-v", f"role={roles.walflow}",
+             "-v", f"password={ROLE_PASSWORD}", "-v", f"owner={roles.owner}", "-v", f"publication={names.publication}",
+             "-v", f"tables={listed}"],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        yield roles
+    finally:
+        with database.connect() as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO CURRENT_USER").format(sql.Identifier(names.database)))
+        database.drop()  # its slots and objects first: then nothing is left that the roles own
+        with psycopg.connect(database.server.dsn(), autocommit=True) as conn:
+            for name in (roles.walflow, roles.owner):
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def minimal_config(tmp_path: Path, database: Database, nats: NatsServer, names: TestNames, roles: Roles,
+                   **sink: Any) -> Path:
+    """A config that logs in as walflow's role and as the NATS recipe's user, with its names."""
+    destination = {"username": "walflow", "password": NATS_PASSWORD, "subject_prefix": PREFIX,
+                   "stream": {"name": STREAM}, **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})}
+    config = write_config(tmp_path, database, nats, names, [{"name": "shop-sink", **sink, "destination": destination}],
+                          backfill={"initial_chunk_rows": 100})
+    return edit(config, lambda data: data["databases"][0].update(username=roles.walflow, password=ROLE_PASSWORD))
+
+
+def test_the_whole_pipeline_runs_as_the_least_privilege_role_and_user(
+    database: Database, names: TestNames, minimal_nats: NatsServer, own_stream: None, tmp_path: Path
+) -> None:
+    """Initial backfill, changes, a requested backfill: each row read once and each change
+    delivered once, the slot past all of it, and no privilege missed on the way (the log)."""
+    tables = {"public.items": "id int PRIMARY KEY, name text", "public.later": "id int PRIMARY KEY"}
+    with least_privilege(database, names, tables, rows=300) as roles:
+        config = minimal_config(tmp_path, database, minimal_nats, names, roles,
+                                initial_backfill=[{"table": "public.items"}])
+        url = admin_url(minimal_nats)
+        with pipeline(config, "-s", "1") as proc:
+            wait_for(lambda: len(stored(url, STREAM)) >= 300, timeout=90, what="the initial backfill's reads",
+                     check=lambda: assert_running(proc))
+            with database.connect() as conn:
+                conn.execute("INSERT INTO items (id, name) SELECT g, 'new' FROM generate_series(301, 350) g")
+                conn.execute("UPDATE items SET name = 'changed' WHERE id <= 20")
+                conn.execute("DELETE FROM items WHERE id BETWEEN 21 AND 30")
+            requested = walflow("backfill", config, "--sink", "shop-sink", "--table", "public.later")
+            assert requested.returncode == 0, requested.stderr
+            wait_for(lambda: len(stored(url, STREAM)) >= 300 + 50 + 20 + 10 + 300, timeout=90,
+                     what="the changes and the requested backfill", check=lambda: assert_running(proc))
+            end = database.current_lsn()
+            wait_for(lambda: slot_confirmed(database) >= end, timeout=60, what="the slot to pass everything",
+                     check=lambda: assert_running(proc))
+            log = proc.log_tail(10_000)
+        events = stored(url, STREAM)
+        seen = Counter((e.subject.split(".")[3], e.event["action"], e.event["record"]["id"]) for e in events)
+        expected = Counter({("items", "read", i): 1 for i in range(1, 301)}
+                           | {("items", "insert", i): 1 for i in range(301, 351)}
+                           | {("items", "update", i): 1 for i in range(1, 21)}
+                           | {("items", "delete", i): 1 for i in range(21, 31)}
+                           | {("later", "read", i): 1 for i in range(1, 301)})
+        assert seen == expected
+        assert len({e.msg_id for e in events}) == len(events)
+        for refused in ("may not write logical messages", "Permissions Violation", "permission denied"):
+            assert refused not in log, log
+
+
+def _check(config: Path) -> Outcome:
+    return run_both("check", config)
+
+
+def _levels(out: Outcome, level: str) -> list[str]:
+    return out.levels(level)
+
+
+def test_check_finds_nothing_missing_and_nothing_more_than_needed(
+    database: Database, names: TestNames, minimal_nats: NatsServer, tmp_path: Path
+) -> None:
+    with least_privilege(database, names, {"public.items": "id int PRIMARY KEY"}) as roles:
+        out = _check(minimal_config(tmp_path, database, minimal_nats, names, roles, initial_backfill=True))
+    assert out.code == 0 and _levels(out, "fail") == [] and _levels(out, "warn") == [], out.text
+    out.finding("pass", f"role '{roles.walflow}' may stream changes (REPLICATION)")
+    out.finding("pass", f"role '{roles.walflow}' may write logical messages (heartbeats, backfill signals)")
+    out.finding("pass", f"role '{roles.walflow}' may SELECT every table the sinks read")
+    out.finding("pass", "JetStream's API is granted for walflow's stream and bucket only")
