@@ -6,7 +6,14 @@ the config; per database the server (reachable, version, ``wal_level``), the rol
 (any without a replica identity), the slot and the server's room for it; per enabled sink
 the NATS connection with its credentials and TLS, JetStream's API (``$JS.API.INFO``), the
 stream walflow would use (the pipeline's own rules: found, to be created, or refused with
-the reason) and permission to publish on the sink's subjects.
+the reason), permission to publish on the sink's subjects and to reach walflow's bucket.
+
+Privileges are checked both ways, against docs/least-privilege.sql and docs/nats-permissions.conf:
+each one missing fails (or warns, where only backfills need it) with what to grant; each one
+more than walflow needs warns — a superuser, a role that owns the tables it reads, a NATS user
+that may delete streams (``$JS.API.>``) or, once its replies have an inbox prefix of their own,
+read the account's others (``_INBOX.>``). Any role's right to write logical messages into the
+slot (PUBLIC's ``EXECUTE`` on ``pg_logical_emit_message``) is noted.
 
 That permission is probed with a publish that stores nothing: it carries a
 ``Nats-Expected-Stream`` no stream can be named, so JetStream refuses it before storing; its
@@ -33,6 +40,9 @@ from nats.errors import NoRespondersError
 
 from cli.durability import durability_checks
 from cli.probe import (
+    NO_STREAM,
+    SHARED_INBOX,
+    TIMEOUT,
     Finding,
     Level,
     ProbeClient,
@@ -48,7 +58,9 @@ from cli.probe import (
     database_problem,
     emit,
     lost_slot_fix,
+    may_delete_streams,
     may_publish,
+    may_subscribe,
     open_nats,
     paint,
     pg_connect,
@@ -65,6 +77,7 @@ from cli.probe import (
 )
 from config import ConfigError, load_config
 from config.schema import Config, DatabaseConfig, SinkConfig
+from connectors.nats.state import STATE_BUCKET
 from connectors.postgres import hints
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.requests import _keyless
@@ -83,6 +96,8 @@ JOIN pg_namespace n ON n.nspname = p.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
 WHERE p.pubname = %s AND pg_has_role(c.relowner, 'USAGE')
 """
+#: Where the findings on NATS permissions point.
+NATS_PERMISSIONS: Final = "docs/nats-permissions.conf"
 #: Where a finding of more privilege than walflow needs points.
 LEAST_PRIVILEGE: Final = ("run walflow as a role made by docs/least-privilege.sql (LOGIN REPLICATION, SELECT on the "
                           "published tables, EXECUTE on pg_logical_emit_message)")
@@ -432,14 +447,49 @@ async def _jetstream_checks(nc: ProbeClient, sink: SinkConfig, tables: tuple[str
     try:
         captured_by = await may_publish(nc, target)
     except Refused as exc:
-        who = f"user '{dest.username}'" if dest.username else "the sink's NATS user"
         return [*findings, Finding(about, Level.FAIL, f"NATS refused a publish on {target} "
                                    f"({str(exc).removeprefix('nats: ')})",
-                                   f"grant {who} publish permission on {dest.subject_prefix}.>")]
+                                   f"grant {_nats_user(sink)} publish permission on {dest.subject_prefix}.>")]
     where = f"stream {captured_by} captures it" if captured_by else "no stream captures it yet"
     findings.append(Finding(about, Level.OK, f"may publish on {target} ({where}; probed with a publish JetStream "
                             "refuses, so nothing was stored)"))
+    return findings + await _privilege_checks(nc, sink)
+
+
+async def _privilege_checks(nc: ProbeClient, sink: SinkConfig) -> list[Finding]:
+    """What the sink's NATS user may do beyond walflow's needs (docs/nats-permissions.conf):
+    delete streams (``$JS.API.>``), read the replies of the account's other users
+    (``_INBOX.>``, once walflow's own arrive elsewhere); and whether it may reach walflow's bucket."""
+    about = f"sink {sink.name}"
+    bucket = f"KV_{STATE_BUCKET}"
+    try:
+        await nc.request(f"$JS.API.STREAM.INFO.{bucket}", b"", timeout=TIMEOUT)
+    except Refused as exc:
+        return [Finding(about, Level.FAIL, f"NATS refused a lookup of walflow's key-value bucket ({bucket}: "
+                        f"{str(exc).removeprefix('nats: ')})", f"grant {_nats_user(sink)} publish permission on "
+                        f"$JS.API.STREAM.INFO.{bucket} and the bucket's other subjects ({NATS_PERMISSIONS})")]
+    findings = [Finding(about, Level.OK, f"may look up walflow's key-value bucket ({bucket})")]
+    if await may_delete_streams(nc):
+        findings.append(Finding(about, Level.WARN, f"{_nats_user(sink)} may delete streams (probed with one that "
+                                "cannot exist): more than walflow needs; with $JS.API.> it may delete or purge every "
+                                "stream of the account", f"grant it only the subjects walflow uses ({NATS_PERMISSIONS})"))
+    else:
+        findings.append(Finding(about, Level.OK, f"{_nats_user(sink)} may not delete streams (not all of JetStream's "
+                                "API, $JS.API.>, is granted)"))
+    own = nc.reply_prefix
+    if own != SHARED_INBOX:
+        if await may_subscribe(nc, f"{SHARED_INBOX}.{NO_STREAM.replace('.', '_')}"):
+            findings.append(Finding(about, Level.WARN, f"{_nats_user(sink)} may subscribe to {SHARED_INBOX}.>, where "
+                                    "the account's other users get their replies: it can read them",
+                                    f"grant it subscribe on {own}.> only, its replies' prefix ({NATS_PERMISSIONS})"))
+        else:
+            findings.append(Finding(about, Level.OK, f"replies arrive under {own}.>, and {_nats_user(sink)} may not "
+                                    f"read the account's other replies ({SHARED_INBOX}.>)"))
     return findings
+
+
+def _nats_user(sink: SinkConfig) -> str:
+    return f"user '{sink.destination.username}'" if sink.destination.username else "the sink's NATS user"
 
 
 def _probe_subject(sink: SinkConfig, tables: tuple[str, ...]) -> str:

@@ -9,8 +9,10 @@ They differ in what they make of it: ``check`` asks whether the pipeline *can* r
 Nothing here changes anything. Postgres gets ``SELECT`` and ``SHOW`` only. The NATS
 connection is a :class:`ProbeClient`, which sends JetStream's lookups (``INFO``,
 ``STREAM.INFO``, ``STREAM.NAMES``), reads of one stored message (``STREAM.MSG.GET``,
-``DIRECT.GET``: walflow's own records in its key-value bucket) and publishes that carry a ``Nats-Expected-Stream`` no
-stream can be named (JetStream refuses those before storing anything), and raises
+``DIRECT.GET``: walflow's own records in its key-value bucket), a ``STREAM.DELETE`` of a stream
+that cannot exist (:data:`NO_SUCH_STREAM`: its answer shows the user may delete streams) and
+publishes that carry a ``Nats-Expected-Stream`` no stream can be named (JetStream refuses those
+before storing anything), and raises
 :class:`WouldChange` instead of sending any other message. That is what lets
 :func:`stream_plan` run the pipeline's own stream rules (``connectors.nats.stream.ensure_stream``)
 as they are: they stop at the first change they would make, which says what the pipeline
@@ -364,7 +366,13 @@ NO_STREAM: Final = "walflow.check"
 STREAM_MISMATCH: Final = 10060
 #: How long a probe waits for an answer (the pipeline's own requests wait as long).
 TIMEOUT: Final = 5.0
-_LOOKUPS: Final = ("$JS.API.INFO", "$JS.API.STREAM.NAMES")
+#: A stream that cannot exist (JetStream refuses a name with a path separator): asking to delete
+#: it deletes nothing, and its answer ("stream not found") shows that the user may delete streams.
+NO_SUCH_STREAM: Final = "walflow/check"
+_DELETE_PROBE: Final = f"$JS.API.STREAM.DELETE.{NO_SUCH_STREAM}"
+#: nats-py's inbox prefix, which every user of an account shares unless given one of its own.
+SHARED_INBOX: Final = "_INBOX"
+_LOOKUPS: Final = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", _DELETE_PROBE)
 _LOOKUP_PREFIXES: Final = ("$JS.API.STREAM.INFO.", "$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET.")
 
 
@@ -397,6 +405,11 @@ class ProbeClient(WalflowClient):
     def __init__(self) -> None:
         super().__init__()
         self._refusal: asyncio.Future[str] | None = None
+
+    @property
+    def reply_prefix(self) -> str:
+        """Where this connection's replies arrive (``destination.inbox_prefix``, else nats-py's ``_INBOX``)."""
+        return bytes(self._inbox_prefix).decode()
 
     def refused(self, violation: str) -> None:
         """Called from ``error_cb`` with the server's "Permissions Violation"."""
@@ -550,6 +563,30 @@ async def may_publish(nc: ProbeClient, subject: str) -> str | None:
     if error.get("err_code") == STREAM_MISMATCH:
         return str(data.get("stream")) if data.get("stream") else None
     raise ProbeError(f"JetStream answered a refused publish on {subject} unexpectedly: {json.dumps(data)}")
+
+
+async def may_delete_streams(nc: ProbeClient) -> bool:
+    """Whether the user may delete streams (and so, all but certainly, use all of JetStream's API:
+    ``$JS.API.>``): asked for a stream that cannot exist (:data:`NO_SUCH_STREAM`), so nothing is deleted."""
+    try:
+        await nc.request(_DELETE_PROBE, b"", timeout=TIMEOUT)
+    except Refused:
+        return False
+    return True  # an answer ("stream not found"): the request was let through
+
+
+async def may_subscribe(nc: ProbeClient, subject: str) -> bool:
+    """Whether the server lets the user subscribe to ``subject`` (at once unsubscribed; what
+    arrives meanwhile is not read): it refuses a subscription before the answer to the ping
+    that follows it, through ``error_cb``."""
+    nc.permission_violation = None
+    sub = await nc.subscribe(subject)
+    try:
+        await nc.flush(round(TIMEOUT))
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return nc.permission_violation is None
 
 
 # -- the pipeline's health endpoint -----------------------------------------------------------

@@ -136,7 +136,8 @@ def permission_error(nc: WalflowClient, dest: NatsDestination, doing: str) -> Na
     who = f"user '{dest.username}'" if dest.username is not None else "the sink's NATS user"
     return NatsPermissionError(
         f"NATS at {', '.join(dest.server_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
-        "publish permission on $JS.API.> (JetStream's API) and subscribe permission on _INBOX.> (its replies)"
+        "that subject: docs/nats-permissions.conf lists each one walflow uses (its stream's and bucket's JetStream "
+        "API subjects, and subscribe on its replies' inbox prefix)"
     )
 
 

@@ -195,7 +195,7 @@ def test_nats_credentials_and_permissions(
     assert "wrong-pw" not in out.text
     nojs = failed["sink nojs"]["text"]
     assert nojs.startswith(f"NATS at {auth_nats.url} refused a $JS.API.INFO request (permissions violation for "
-                           'publish to "$js.api.info"): grant user \'nojs\' publish permission on $JS.API.>'), nojs
+                           'publish to "$js.api.info"): grant user \'nojs\' that subject: docs/nats-permissions.conf'), nojs
     assert failed["sink nopub"]["text"] == ('NATS refused a publish on denied.shop.public.events.insert (permissions '
                                             'violation for publish to "denied.shop.public.events.insert")')
     assert failed["sink nopub"]["fix"] == "grant user 'nopub' publish permission on denied.>"

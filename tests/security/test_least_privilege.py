@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from config.schema import NatsDestination
 from embedded import NatsServer, wait_for
@@ -41,12 +41,16 @@ INBOX_PREFIX = "inbox_prefix" in NatsDestination.model_fields
 
 
 def nats_authorization() -> str:
-    """docs/nats-permissions.conf with the test's password, and an admin user beside walflow's."""
+    """docs/nats-permissions.conf with the test's password, and beside walflow's user an admin
+    (every permission) and ``nobucket``: walflow's permissions but the lookup of its bucket."""
     text = NATS_RECIPE.read_text().replace("$WALFLOW_NATS_PASSWORD", json.dumps(NATS_PASSWORD))
     if not INBOX_PREFIX:
         text = text.replace(f'"{INBOX}.>"', '"_INBOX.>"')
+    start, end = text.index("    {\n      user: walflow"), text.index("\n  ]\n")
+    nobucket = text[start:end].replace("user: walflow", "user: nobucket").replace(
+        '"$JS.API.STREAM.INFO.KV_walflow_state"\n', "")
     admin = f"    {{user: {ADMIN}, password: {json.dumps(NATS_PASSWORD)}}}\n"
-    return text.replace("  users: [\n", "  users: [\n" + admin, 1)
+    return text[:end] + "\n" + nobucket + "\n" + admin + text[end:]
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +167,17 @@ def _check(config: Path) -> Outcome:
     return run_both("check", config)
 
 
-def _levels(out: Outcome, level: str) -> list[str]:
-    return out.levels(level)
+#: What check says of a one-server NATS with tests' confirm_delay_ms: 0 (cli/durability.py), not of privileges.
+DURABILITY = (f"stream {STREAM} keeps ", "confirm_delay_ms ")
+
+
+def _findings(out: Outcome, level: str) -> dict[str, str | None]:
+    """The findings at ``level`` (their fixes), but those on durability."""
+    return {f["text"]: f["fix"] for f in out.findings if f["level"] == level and not f["text"].startswith(DURABILITY)}
+
+
+def _nats_user(config: Path, user: str, password: str = NATS_PASSWORD) -> Path:
+    return edit(config, lambda data: data["sinks"][0]["destination"].update(username=user, password=password))
 
 
 def test_check_finds_nothing_missing_and_nothing_more_than_needed(
@@ -172,8 +185,80 @@ def test_check_finds_nothing_missing_and_nothing_more_than_needed(
 ) -> None:
     with least_privilege(database, names, {"public.items": "id int PRIMARY KEY"}) as roles:
         out = _check(minimal_config(tmp_path, database, minimal_nats, names, roles, initial_backfill=True))
-    assert out.code == 0 and _levels(out, "fail") == [] and _levels(out, "warn") == [], out.text
+    assert out.code == 0 and _findings(out, "warn") == {} and _findings(out, "info") == {}, out.text
     out.finding("pass", f"role '{roles.walflow}' may stream changes (REPLICATION)")
     out.finding("pass", f"role '{roles.walflow}' may write logical messages (heartbeats, backfill signals)")
     out.finding("pass", f"role '{roles.walflow}' may SELECT every table the sinks read")
-    out.finding("pass", "JetStream's API is granted for walflow's stream and bucket only")
+    out.finding("pass", "may look up walflow's key-value bucket (KV_walflow_state)")
+    out.finding("pass", "user 'walflow' may not delete streams (not all of JetStream's API, $JS.API.>, is granted)")
+    if INBOX_PREFIX:
+        out.finding("pass", f"replies arrive under {INBOX}.>, and user 'walflow' may not read the account's other "
+                            "replies (_INBOX.>)")
+
+
+def test_check_names_a_superuser_and_a_user_with_all_of_jetstream_as_more_than_needed(
+    database: Database, names: TestNames, minimal_nats: NatsServer, tmp_path: Path
+) -> None:
+    superuser = conninfo_to_dict(database.dsn)["user"]
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE items").format(sql.Identifier(names.publication)))
+    config = write_config(tmp_path, database, minimal_nats, names, [{"name": "s", "destination": {
+        "subject_prefix": PREFIX, "stream": {"name": STREAM}, **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})}}])
+    out = _check(_nats_user(config, ADMIN))
+    assert out.code == 0, out.text  # more than needed is a warning: the pipeline would run
+    warned = _findings(out, "warn")
+    expected = {
+        f"role '{superuser}' is a superuser: more than walflow needs (it may read and change everything on the "
+        "server)": "run walflow as a role made by docs/least-privilege.sql (LOGIN REPLICATION, SELECT on the "
+                   "published tables, EXECUTE on pg_logical_emit_message)",
+        "user 'admin' may delete streams (probed with one that cannot exist): more than walflow needs; with "
+        "$JS.API.> it may delete or purge every stream of the account":
+            "grant it only the subjects walflow uses (docs/nats-permissions.conf)",
+    }
+    if INBOX_PREFIX:
+        expected["user 'admin' may subscribe to _INBOX.>, where the account's other users get their replies: it "
+                 "can read them"] = f"grant it subscribe on {INBOX}.> only, its replies' prefix (docs/nats-permissions.conf)"
+    assert warned == expected, out.text
+    note = out.finding("info", "every role of the database may write logical messages into walflow's slot")
+    assert "REVOKE EXECUTE" in note["fix"]
+
+
+def test_check_names_each_missing_privilege_with_the_grant_quoted(
+    database: Database, names: TestNames, minimal_nats: NatsServer, tmp_path: Path
+) -> None:
+    """A role and a table whose names hold a quote and a space: the statements check says to run
+    are quoted by psycopg, and run as they are they grant what was missing."""
+    role, table = f'wf "odd" role {names.slot}', 'public.my "odd" table'
+    with least_privilege(database, names, {table: "id int PRIMARY KEY"}, role=role) as roles:
+        with database.connect() as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(*table.split(".")),
+                                                                      sql.Identifier(role)))
+            conn.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM {}")
+                         .format(sql.Identifier(role)))
+        config = _nats_user(minimal_config(tmp_path, database, minimal_nats, names, roles, initial_backfill=True),
+                            "nobucket")
+        out = _check(config)
+        assert out.code == 1
+        failed = _findings(out, "fail")
+        quoted_role, quoted_table = '"wf ""odd"" role ' + names.slot + '"', '"public"."my ""odd"" table"'
+        assert failed == {
+            f"role '{role}' may not stream changes: it has neither REPLICATION nor SUPERUSER":
+                f"ALTER ROLE {quoted_role} WITH REPLICATION; (as a superuser)",
+            f"role '{role}' may not SELECT {table}, which initial_backfill reads at the first start":
+                f"GRANT SELECT ON {quoted_table} TO {quoted_role};",
+            f"role '{role}' may not write logical messages (pg_logical_emit_message): initial_backfill of shop-sink "
+            "cannot start":
+                f"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) TO {quoted_role}; (as a superuser)",
+            "NATS refused a lookup of walflow's key-value bucket (KV_walflow_state: permissions violation for publish "
+            'to "$js.api.stream.info.kv_walflow_state")':
+                "grant user 'nobucket' publish permission on $JS.API.STREAM.INFO.KV_walflow_state and the bucket's "
+                "other subjects (docs/nats-permissions.conf)",
+        }, out.text
+        with database.connect() as conn:  # the fixes, pasted as they are
+            for fix in list(failed.values())[:3]:
+                assert fix is not None
+                conn.execute(fix.removesuffix(" (as a superuser)").encode())
+        out = _check(_nats_user(config, "walflow"))
+        assert out.code == 0 and _findings(out, "warn") == {}, out.text
