@@ -189,11 +189,11 @@ def _database_checks(conn: psycopg.Connection[Any], db: DatabaseConfig, config: 
     if superuser:
         findings.append(Finding(about, Level.WARN, f"role '{db.username}' is a superuser: more than walflow needs (it "
                                 "may read and change everything on the server)", LEAST_PRIVILEGE))
+    sinks = [s for s in config.sinks if s.database == db.name]
+    findings += _message_checks(conn, db, sinks, superuser)
     pub = publication(conn, db)
     published[db.name] = pub.tables
-    sinks = [s for s in config.sinks if s.database == db.name]
     findings += _publication_checks(conn, db, pub, sinks, superuser)
-    findings += _message_checks(conn, db, sinks, superuser)
     findings += _slot_checks(conn, db, srv, config_file, tables_read(sinks, pub.tables))
     return findings
 

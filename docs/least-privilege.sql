@@ -45,7 +45,8 @@ SELECT format('GRANT EXECUTE ON FUNCTION %s TO %I', p.oid::regprocedure, :'role'
 FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' \gexec
 
 -- 3. As the tables' owner: SELECT for walflow, and the publication, created once (walflow need not
---    create it, and could not: FOR ALL TABLES takes a superuser, FOR TABLE the tables' owner).
+--    create it, and could not: FOR ALL TABLES takes a superuser, FOR TABLE the tables' owner, with
+--    CREATE on the database, which its owner has; else GRANT CREATE ON DATABASE ... TO the owner first).
 --    A table added later: ALTER PUBLICATION ... ADD TABLE ...; GRANT SELECT ON ... TO walflow's role.
 SET ROLE :"owner";
 GRANT SELECT ON :tables TO :"role";

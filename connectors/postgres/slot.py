@@ -92,8 +92,8 @@ def _ensure_publication(conn: psycopg.Connection[Any], db: DatabaseConfig) -> No
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ReplicationSetupError(
             f"could not create publication '{pub.name}' as role '{db.username}': {exc.diag.message_primary}. "
-            f"Create it once as the tables' owner ({hints.create_publication(pub.name, [])}; docs/least-privilege.sql) "
-            f"or as a superuser ({hints.create_publication(pub.name)})."
+            f"Create it once as the tables' owner: {hints.create_publication(pub.name, [])} (docs/least-privilege.sql), "
+            f"or as a superuser: {hints.create_publication(pub.name)}"
         ) from None
     log.info("created publication %s", pub.name)
 

@@ -56,6 +56,7 @@ def test_default_config_file_loads_with_defaults() -> None:
     config = load_config(DEFAULT, env={})
     dest = config.sinks[0].destination
     assert config.databases[0].port == 5432  # ${PGPORT:-5432} became an integer
+    assert config.databases[0].username == "walflow"  # docs/least-privilege.sql's role, not a superuser
     assert dest.subject_prefix == "walflow"
     assert (dest.stream.name, dest.stream.create_if_not_exists) == ("WALFLOW", True)
     assert dest.stream.duplicate_window_ms == 120_000

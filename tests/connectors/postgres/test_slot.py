@@ -8,9 +8,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from config.schema import DatabaseConfig
 from connectors.postgres.connection import conninfo
+from connectors.postgres.requests import BackfillRequestError, request_backfills
+from connectors.postgres.signals import BackfillRequest
 from connectors.postgres.slot import SlotState, prepare
 from core.errors import ReplicationSetupError
 from embedded import PostgresServer
@@ -123,3 +126,61 @@ def test_wrong_wal_level_is_a_clear_error(replica_level_server: PostgresServer, 
         "wal_level is 'replica' on this server; logical replication needs 'logical'. "
         "Run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL."
     )
+
+
+@pytest.fixture
+def odd_role(database: Database, names: TestNames) -> Iterator[str]:
+    """A LOGIN REPLICATION role (not a superuser) whose name holds a quote and a space, with
+    ``pg_logical_emit_message`` revoked from PUBLIC in the test's database (docs/least-privilege.sql)."""
+    role = f'wf "odd" {names.slot}'
+    with database.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(sql.Identifier(role),
+                                                                                   sql.Literal(ROLE_PASSWORD)))
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC")
+    try:
+        yield role
+    finally:
+        database.drop()
+        with psycopg.connect(database.server.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_publication_the_role_may_not_create_is_one_line_with_the_statements_quoted(
+    database: Database, names: TestNames, odd_role: str
+) -> None:
+    publication = 'wf "pub" two'
+    config = database.config(username=odd_role, password=ROLE_PASSWORD,
+                             publication={"name": publication, "create_if_not_exists": True})
+    with pytest.raises(ReplicationSetupError) as info:
+        _prepare(config)
+    owner = ('CREATE PUBLICATION "wf ""pub"" two" FOR TABLE <schema.table>, ... WITH (publish_via_partition_root = '
+             "true);")
+    assert str(info.value) == (
+        f"could not create publication '{publication}' as role '{odd_role}': permission denied for database "
+        f"{names.database}. Create it once as the tables' owner: {owner} (docs/least-privilege.sql), or as a "
+        'superuser: CREATE PUBLICATION "wf ""pub"" two" FOR ALL TABLES WITH (publish_via_partition_root = true);')
+    with database.connect() as conn:  # the owner's statement, its placeholder filled in, as it is
+        conn.execute(owner.replace("<schema.table>, ...", "t").encode())
+    assert _prepare(config).confirmed_flush_lsn > 0  # then the role streams: it created its slot
+
+
+def test_a_role_that_may_not_write_logical_messages_is_told_what_to_grant(
+    database: Database, names: TestNames, odd_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with database.connect() as conn:
+        conn.execute(f"CREATE PUBLICATION {names.publication} FOR TABLE t")
+    config = database.config(username=odd_role, password=ROLE_PASSWORD)
+    grant = f'GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) TO "wf ""odd"" {names.slot}";'
+    refusal = (f"role '{odd_role}' may not write logical messages (pg_logical_emit_message): walflow writes no "
+               f"heartbeats and cannot backfill. Run {grant} as a superuser.")
+    with caplog.at_level(logging.WARNING, logger="walflow.postgres"):
+        _prepare(config)
+        _prepare(config)  # a session that starts again says nothing new
+    assert [r.getMessage() for r in caplog.records] == [refusal]
+    with pytest.raises(BackfillRequestError) as info:
+        request_backfills(config, [BackfillRequest.new("s", "public.t")])
+    assert str(info.value) == refusal
+    with database.connect() as conn:
+        conn.execute(grant)
+    request_backfills(config, [BackfillRequest.new("s", "public.t")])  # granted: written
