@@ -5,6 +5,7 @@ finds nothing missing and nothing more than needed, and names each privilege tak
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from collections import Counter
@@ -14,12 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from config import load_config
 from config.schema import NatsDestination
+from connectors.nats.connection import connect_options
+from connectors.nats.replay import ids_since
 from embedded import NatsServer, wait_for
 from tests.backfill.helpers import walflow
 from tests.cli.helpers import Outcome, edit, run_both
@@ -150,10 +155,19 @@ def test_the_whole_pipeline_runs_as_the_least_privilege_role_and_user(
             wait_for(lambda: slot_confirmed(database) >= end, timeout=60, what="the slot to pass everything",
                      check=lambda: assert_running(proc))
             log = proc.log_tail(10_000)
+        with database.connect() as conn:  # while it is stopped; a restart reads its stream and bucket first
+            conn.execute("INSERT INTO items (id, name) VALUES (351, 'after the restart')")
+        with pipeline(config, "-s", "1", log_suffix="-again") as proc:
+            wait_for(lambda: len(stored(url, STREAM)) >= 681, timeout=90, what="the change made while stopped",
+                     check=lambda: assert_running(proc))
+            end = database.current_lsn()
+            wait_for(lambda: slot_confirmed(database) >= end, timeout=60, what="the slot to pass the change",
+                     check=lambda: assert_running(proc))
+            log += proc.log_tail(10_000)
         events = stored(url, STREAM)
         seen = Counter((e.subject.split(".")[3], e.event["action"], e.event["record"]["id"]) for e in events)
         expected = Counter({("items", "read", i): 1 for i in range(1, 301)}
-                           | {("items", "insert", i): 1 for i in range(301, 351)}
+                           | {("items", "insert", i): 1 for i in range(301, 352)}
                            | {("items", "update", i): 1 for i in range(1, 21)}
                            | {("items", "delete", i): 1 for i in range(21, 31)}
                            | {("later", "read", i): 1 for i in range(1, 301)})
@@ -161,6 +175,17 @@ def test_the_whole_pipeline_runs_as_the_least_privilege_role_and_user(
         assert len({e.msg_id for e in events}) == len(events)
         for refused in ("may not write logical messages", "Permissions Violation", "permission denied"):
             assert refused not in log, log
+        # a replay's read of the stream's tail (an ordered consumer) as walflow's user: every id
+        assert asyncio.run(_ids_as_walflow(config)) == {e.msg_id for e in events}
+
+
+async def _ids_as_walflow(config: Path) -> set[str]:
+    dest = load_config(str(config)).sinks[0].destination
+    nc = await nats.connect(**connect_options(dest, "walflow:test"))
+    try:
+        return await ids_since(nc, STREAM, f"{PREFIX}.>", 1)
+    finally:
+        await nc.close()
 
 
 def _check(config: Path) -> Outcome:
