@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cli.probe import SHARED_INBOX, close_nats, may_delete_streams, may_subscribe, open_nats
 from config import load_config
 from config.schema import NatsDestination
 from connectors.nats.connection import connect_options
@@ -287,3 +288,24 @@ def test_check_names_each_missing_privilege_with_the_grant_quoted(
                 conn.execute(fix.removesuffix(" (as a superuser)").encode())
         out = _check(_nats_user(config, "walflow"))
         assert out.code == 0 and _findings(out, "warn") == {}, out.text
+
+
+@pytest.mark.servers
+def test_the_probes_tell_what_the_user_may_from_what_it_may_not(minimal_nats: NatsServer) -> None:
+    """Subscribing to its replies' prefix, to nats-py's shared one, to its own subjects (which it
+    only publishes on); deleting a stream: for walflow's user and for the admin."""
+    own = INBOX if INBOX_PREFIX else SHARED_INBOX
+
+    async def probe(user: str) -> tuple[str, list[bool], bool]:
+        dest = NatsDestination.model_validate({"type": "nats", "servers": [minimal_nats.url], "username": user,
+                                               "password": NATS_PASSWORD,
+                                               **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})})
+        nc = await open_nats(dest, "walflow:test")
+        try:
+            subscribed = [await may_subscribe(nc, s) for s in (f"{own}.probe", f"{SHARED_INBOX}.probe", f"{PREFIX}.x")]
+            return nc.reply_prefix, subscribed, await may_delete_streams(nc)
+        finally:
+            await close_nats(nc)
+
+    assert asyncio.run(probe("walflow")) == (own, [True, not INBOX_PREFIX, False], False)
+    assert asyncio.run(probe(ADMIN)) == (own, [True, True, True], True)
