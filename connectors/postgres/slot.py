@@ -1,5 +1,9 @@
 """Before streaming: check the server, and create the publication and slot when asked to.
 
+The role need not be a superuser (docs/least-privilege.sql): one that may not create the
+publication, or not write logical messages (heartbeats, backfill signals), is told in one
+line what to run, its names quoted (:mod:`connectors.postgres.hints`).
+
 Every condition that would make replication fail later, or silently deliver nothing,
 is turned into one clear error here that says what to run. Runs on a normal connection
 (the replication connection cannot run parameterised queries).
@@ -155,9 +159,10 @@ def _warn_about_identity(conn: psycopg.Connection[Any], publication: str) -> Non
     for schema, table, _ in conn.execute(_NO_IDENTITY_QUERY, [publication]).fetchall():
         log.warning(
             "table %s.%s has no primary key or replica identity: PostgreSQL rejects its updates and deletes "
-            "while it is published. Add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL",
+            "while it is published. Add a primary key, or %s",
             schema,
             table,
+            hints.replica_identity_full(f"{schema}.{table}"),
         )
 
 

@@ -99,6 +99,7 @@ def test_tables_without_identity_are_warned_about(
         _prepare(database.config(create=True))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("table public.loose has no primary key or replica identity")
+    assert warnings[0].endswith('Add a primary key, or ALTER TABLE "public"."loose" REPLICA IDENTITY FULL;')
 
 
 @pytest.fixture(scope="module")
