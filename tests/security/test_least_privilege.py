@@ -250,6 +250,28 @@ def test_check_names_a_superuser_and_a_user_with_all_of_jetstream_as_more_than_n
     assert "REVOKE EXECUTE" in note["fix"]
 
 
+def test_check_names_the_tables_owner_as_more_than_needed(
+    database: Database, names: TestNames, minimal_nats: NatsServer, tmp_path: Path
+) -> None:
+    """Streaming as the role that owns the tables: it may alter and drop them; and, the recipe
+    having revoked logical messages from PUBLIC, it may not write them (its backfill cannot start)."""
+    with least_privilege(database, names, {"public.items": "id int PRIMARY KEY"}) as roles:
+        with database.connect() as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(roles.owner)))
+        config = edit(minimal_config(tmp_path, database, minimal_nats, names, roles, initial_backfill=True),
+                      lambda data: data["databases"][0].update(username=roles.owner))
+        out = _check(config)
+    assert out.code == 1
+    assert _findings(out, "warn") == {
+        f"role '{roles.owner}' owns public.items: more than walflow needs (an owner may alter and drop them; walflow "
+        "only reads them)": "run walflow as a role made by docs/least-privilege.sql (LOGIN REPLICATION, SELECT on "
+                            "the published tables, EXECUTE on pg_logical_emit_message)"}, out.text
+    assert _findings(out, "fail") == {
+        f"role '{roles.owner}' may not write logical messages (pg_logical_emit_message): initial_backfill of "
+        "shop-sink cannot start": f'GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,text) TO '
+                                  f'"{roles.owner}"; (as a superuser)'}, out.text
+
+
 def test_check_names_each_missing_privilege_with_the_grant_quoted(
     database: Database, names: TestNames, minimal_nats: NatsServer, tmp_path: Path
 ) -> None:
