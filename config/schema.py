@@ -450,11 +450,34 @@ class NatsDestination(Section):
     servers: list[str] | None = Field(default=None, min_length=1)
     username: str | None = None
     password: SecretStr | None = None
+    #: A token the server's ``authorization { token: … }`` expects (instead of a user).
+    token: SecretStr | None = None
+    #: A user JWT, with its user's ``nkey_seed`` (or ``nkey_seed_file``); or both in ``creds_file``.
     jwt: SecretStr | None = None
+    #: An nkey user's seed (``SU…``).
     nkey_seed: SecretStr | None = None
+    #: The file that holds the seed, instead of ``nkey_seed``.
+    nkey_seed_file: FilePath | None = None
+    #: A ``.creds`` file (``nsc generate creds``): the user JWT and its seed.
     creds_file: FilePath | None = None
+    #: TLS, verified against the system's CAs or ``tls_ca_file``. walflow never sends its
+    #: credentials (nor anything else) over a connection that did not become TLS, whatever the
+    #: server's INFO says; also on with a ``tls://`` server URL or any other ``tls_*`` key.
     tls: bool = False
+    #: The CA certificate(s) (PEM) that signed the servers' certificates, instead of the system's.
     tls_ca_file: FilePath | None = None
+    #: A client certificate (chain, PEM) and its private key, for servers that verify clients
+    #: (``tls { verify: true }``); they go together.
+    tls_cert_file: FilePath | None = None
+    #: The private key of ``tls_cert_file`` (PEM, not encrypted).
+    tls_key_file: FilePath | None = None
+    #: TLS from the first byte, before the server's INFO, for servers with
+    #: ``tls { handshake_first: true }``: nothing is ever exchanged in clear.
+    tls_handshake_first: bool = False
+    #: Where replies to walflow's requests arrive (JetStream's acknowledgements and API
+    #: answers): ``<inbox_prefix>.>`` is what walflow's NATS user subscribes to. A prefix of
+    #: walflow's own keeps other users of the account from reading its replies.
+    inbox_prefix: SubjectPrefix = "_INBOX"
     #: Sequin's subjects start with ``sequin``; ``config/walflow.yaml`` sets ``walflow``.
     subject_prefix: SubjectPrefix = "sequin"
     #: ``Nats-Msg-Id`` and ``metadata.idempotency_key``: walflow's (names database and sink,
@@ -485,13 +508,44 @@ class NatsDestination(Section):
             raise ValueError("username and password go together: set both or neither")
         if self.creds_file is not None and (self.jwt is not None or self.nkey_seed is not None):
             raise ValueError("creds_file already holds the JWT and nkey seed: drop jwt/nkey_seed, or drop creds_file")
+        if self.nkey_seed is not None and self.nkey_seed_file is not None:
+            raise ValueError("nkey_seed and nkey_seed_file are the same seed given twice: keep one of them")
+        if self.jwt is not None and self.nkey_seed is None and self.nkey_seed_file is None:
+            raise ValueError("jwt needs its user's seed to sign the server's challenge: set nkey_seed (or "
+                             "nkey_seed_file), or give both in creds_file")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (a client certificate and its key): "
+                             "set both or neither")
+        ways = [key for key, given in (
+            ("username/password", self.username is not None),
+            ("token", self.token is not None),
+            ("creds_file", self.creds_file is not None),
+            ("jwt", self.jwt is not None),
+            ("nkey_seed" if self.nkey_seed is not None else "nkey_seed_file",
+             self.jwt is None and (self.nkey_seed is not None or self.nkey_seed_file is not None)),
+        ) if given]
+        if len(ways) > 1:
+            raise ValueError(f"{' and '.join(ways)} are different ways to log in to NATS, and the server would "
+                             "see only one of them: keep the one its users or accounts expect")
         return self
+
+    @property
+    def logs_in(self) -> bool:
+        """Whether any credentials are configured (a user, token, creds file, JWT or nkey)."""
+        return any(value is not None for value in (self.username, self.token, self.creds_file, self.jwt, self.nkey_seed,
+                                                   self.nkey_seed_file))
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the connection must be TLS: ``tls``, any ``tls_*`` key, or a ``tls://`` server."""
+        return (self.tls or self.tls_handshake_first or self.tls_ca_file is not None
+                or self.tls_cert_file is not None or any(url.startswith("tls://") for url in self.servers or ()))
 
     @property
     def server_urls(self) -> list[str]:
         if self.servers is not None:
             return list(self.servers)
-        scheme = "tls" if self.tls else "nats"
+        scheme = "tls" if self.uses_tls else "nats"
         return [f"{scheme}://{self.host}:{self.port}"]
 
 

@@ -109,7 +109,8 @@ def test_ignored_sink_keys_warn_with_their_path(caplog: pytest.LogCaptureFixture
         # unknown key, with a suggestion and the list of keys
         (("host: 127.0.0.1 }", "host: 127.0.0.1, prot: 1 }"),
          "sinks[0].destination.prot: unknown key (did you mean 'port'?); expected one of: ack_timeout_ms, confirm_delay_ms, "
-         "creds_file, host, jwt, max_in_flight, monitoring_urls, msg_id, nkey_seed, password, port, servers, stream, subject_prefix, tls, tls_ca_file, "
+         "creds_file, host, inbox_prefix, jwt, max_in_flight, monitoring_urls, msg_id, nkey_seed, nkey_seed_file, password, "
+         "port, servers, stream, subject_prefix, tls, tls_ca_file, tls_cert_file, tls_handshake_first, tls_key_file, token, "
          "type, username"),
         (("hostname: 127.0.0.1", "hostname: 127.0.0.1\n    colour: red"),
          "databases[0].colour: unknown key; expected one of: annotations, await_database, database, hostname, id, name, password, "
