@@ -381,8 +381,8 @@ async def _check_sink(sink: SinkConfig, tables: tuple[str, ...]) -> list[Finding
         nc = await open_nats(dest, f"walflow:{sink.name}:check")
     except ProbeError as exc:
         return [Finding(about, Level.FAIL, exc.text, exc.fix)]
-    auth = "with its credentials" if dest.username or dest.creds_file or dest.jwt or dest.nkey_seed else "without credentials"
-    tls = ", TLS" if dest.tls or dest.tls_ca_file or any(u.startswith("tls://") for u in dest.server_urls) else ""
+    auth = "with its credentials" if dest.logs_in else "without credentials"
+    tls = ", TLS" if dest.uses_tls else ""
     findings = [Finding(about, Level.OK, f"NATS at {', '.join(dest.server_urls)} accepts the sink's connection "
                         f"({auth}{tls})")]
     try:

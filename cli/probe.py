@@ -41,14 +41,20 @@ from nats.errors import NoRespondersError
 from psycopg.conninfo import make_conninfo
 
 from config.schema import DatabaseConfig, HealthSettings, NatsDestination, SinkConfig
-from connectors.nats.connection import _credentials_hint, connect_options, permission_error, sorted_as
+from connectors.nats.connection import (
+    _credentials_hint,
+    connect_options,
+    permission_error,
+    refused_at_connect,
+    sorted_as,
+)
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.stream import ensure_stream
 from connectors.postgres import hints
 from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
-from core.errors import NatsAuthError, NatsPermissionError, StreamSetupError, nats_error
+from core.errors import NatsAuthError, NatsPermissionError, NatsTlsError, StreamSetupError, nats_error
 from transforms.filter import SinkFilter
 
 
@@ -461,14 +467,16 @@ async def open_nats(dest: NatsDestination, name: str) -> ProbeClient:
         else:
             errors.append(first_line(exc))
 
-    options = {**connect_options(dest, name), "allow_reconnect": False, "max_reconnect_attempts": 1,
-               "reconnect_time_wait": 0.2, "connect_timeout": 3}
     servers = ", ".join(dest.server_urls)
     try:
+        options = {**connect_options(dest, name), "allow_reconnect": False, "max_reconnect_attempts": 1,
+                   "reconnect_time_wait": 0.2, "connect_timeout": 3}
         await asyncio.wait_for(client.connect(**options, error_cb=on_error), 20)
     except Exception as exc:  # noqa: BLE001 - every failure to connect is a finding, not a traceback
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), 2)
+        refused = exc if isinstance(exc, NatsTlsError) else refused_at_connect(exc, dest, name, client.server_address)
+        client.abandon()
+        if isinstance(refused, NatsTlsError):  # the pipeline's own line: what happened, nothing sent, what to set
+            raise ProbeError(str(refused)) from None
         if sorted_as(exc) is NatsAuthError or any(nats_error(e) is NatsAuthError for e in errors):
             raise ProbeError(f"NATS at {servers} refused the credentials ({first_line(exc)})",
                              f"check {_credentials_hint(dest)} against the server's users or accounts") from None

@@ -175,6 +175,11 @@ class NatsPermissionError(FatalError):
     """The NATS server refused a request the sink's user has no permission for."""
 
 
+class NatsTlsError(FatalError):
+    """TLS to NATS did not come about as the config asks (not started, or the server's certificate
+    not verified): nothing was sent in clear, and retrying cannot fix it."""
+
+
 class NatsUnavailable(TransientError):
     """NATS did not answer, or dropped the connection: waited for, and retried."""
 

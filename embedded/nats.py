@@ -48,10 +48,13 @@ class NatsServer(EmbeddedServer):
     name = "nats"
     host = "127.0.0.1"
 
-    def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None, jetstream_config: str = "") -> None:
+    def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None, jetstream_config: str = "",
+                 tls_config: str = "") -> None:
         """``extra_config`` is appended to the config file (e.g. an ``authorization`` block),
         ``jetstream_config`` to its ``jetstream`` block (e.g. ``sync_interval: always``);
-        ``tls`` = (certificate chain PEM, private key PEM) makes clients connect with TLS.
+        ``tls`` = (certificate chain PEM, private key PEM) makes clients connect with TLS, and
+        ``tls_config`` is appended to its ``tls`` block (``handshake_first: true``; ``verify:
+        true`` with a ``ca_file``, for client certificates).
         The monitoring port that answers the readiness probe stays plain HTTP.
         """
         super().__init__()
@@ -60,6 +63,7 @@ class NatsServer(EmbeddedServer):
         self.extra_config = extra_config
         self.jetstream_config = jetstream_config
         self.tls = tls
+        self.tls_config = tls_config
         self.http_port = 0
 
     def _prepare(self) -> None:
@@ -78,7 +82,7 @@ class NatsServer(EmbeddedServer):
         tls = ""
         if self.tls is not None:
             cert, key = (json.dumps(str(self.base / name)) for name in ("server.crt", "server.key"))
-            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n}}\n"
+            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  {self.tls_config}\n}}\n"
         config.write_text(
             f"listen: {self.host}:{self.port}\n"
             f"http: {self.host}:{self.http_port}\n"

@@ -1,4 +1,4 @@
-"""Connecting to NATS with the options of Sequin's NATS sink, plus servers, creds and a CA.
+"""Connecting to NATS with the options of Sequin's NATS sink, plus servers, creds, tokens and TLS.
 
 Reconnects never give up (nats-py stops after 60 attempts by default), and nats-py's own
 buffering while disconnected is off: it would flush buffered publishes ahead of the ones
@@ -12,6 +12,13 @@ arrives only through ``error_cb``, while the request it refused just times out: 
 recorded on the client, and :func:`permission_error` turns the failure that follows into
 a :class:`~core.errors.NatsPermissionError` naming what to grant.
 
+TLS fails closed. A destination that asks for TLS (:attr:`config.schema.NatsDestination.uses_tls`)
+never sends ``CONNECT`` over a connection that is not TLS (:class:`~connectors.nats.natspy.WalflowClient`),
+and a first connect that cannot become TLS as configured (not started, a certificate not
+verified, a failed handshake) is a :class:`~core.errors.NatsTlsError`, not an endless retry
+(:func:`refused_at_connect`); once connected, a reconnect meeting one is logged and retried,
+still sending nothing in clear.
+
 Every lost connection, and every failed first connect, counts in ``walflow_reconnects_total``
 (``component="nats"``), its cause the last error nats-py reported before it. With several
 servers (a cluster) the log names the one lost and the one reconnected to, and
@@ -21,7 +28,6 @@ servers (a cluster) the log names the one lost and the one reconnected to, and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import time
@@ -31,8 +37,8 @@ import nats
 from nats.aio.client import RawCredentials
 
 from config.schema import NatsDestination
-from connectors.nats.natspy import WalflowClient
-from core.errors import NatsAuthError, NatsPermissionError, WalflowError, nats_error
+from connectors.nats.natspy import TlsNotStarted, WalflowClient
+from core.errors import FatalError, NatsAuthError, NatsPermissionError, NatsTlsError, WalflowError, nats_error
 from core.metrics import Metrics
 
 log = logging.getLogger("walflow.nats")
@@ -76,22 +82,76 @@ def connect_options(dest: NatsDestination, name: str) -> dict[str, Any]:
         # pings 2 minutes apart) would keep a sink on a dead cluster node for 4 minutes.
         "ping_interval": PING_INTERVAL,
         "max_outstanding_pings": 2,
+        "inbox_prefix": dest.inbox_prefix,
     }
     if dest.username is not None and dest.password is not None:
         options["user"] = dest.username
         options["password"] = dest.password.get_secret_value()
+    if dest.token is not None:
+        options["token"] = dest.token.get_secret_value()
     if dest.creds_file is not None:
         options["user_credentials"] = str(dest.creds_file)
-    elif dest.jwt is not None and dest.nkey_seed is not None:
-        creds = _CREDS_TEMPLATE.format(jwt=dest.jwt.get_secret_value(), seed=dest.nkey_seed.get_secret_value())
-        options["user_credentials"] = RawCredentials(creds)
+    elif dest.jwt is not None:
+        seed = dest.nkey_seed.get_secret_value() if dest.nkey_seed is not None else _seed_file(dest)
+        options["user_credentials"] = RawCredentials(_CREDS_TEMPLATE.format(jwt=dest.jwt.get_secret_value(), seed=seed))
     elif dest.nkey_seed is not None:
         options["nkeys_seed_str"] = dest.nkey_seed.get_secret_value()
-    if dest.tls or dest.tls_ca_file is not None or any(url.startswith("tls://") for url in dest.server_urls):
-        options["tls"] = ssl.create_default_context(cafile=str(dest.tls_ca_file) if dest.tls_ca_file else None)
+    elif dest.nkey_seed_file is not None:
+        options["nkeys_seed"] = str(dest.nkey_seed_file)
+    if dest.uses_tls:
+        options["tls"] = tls_context(dest)
+        options["tls_handshake_first"] = dest.tls_handshake_first
     return options
 
 
+def _seed_file(dest: NatsDestination) -> str:
+    assert dest.nkey_seed_file is not None, "the schema requires a seed with jwt"
+    try:
+        return dest.nkey_seed_file.read_text().strip()
+    except OSError as exc:
+        raise NatsAuthError(f"cannot read destination.nkey_seed_file {dest.nkey_seed_file}: {exc.strerror}") from None
+
+
+def tls_context(dest: NatsDestination) -> ssl.SSLContext:
+    """A client context that verifies the server (its certificate and host name) against the
+    system's CAs or ``tls_ca_file``, with the client certificate if one is configured."""
+    try:
+        context = ssl.create_default_context(cafile=str(dest.tls_ca_file) if dest.tls_ca_file else None)
+    except (ssl.SSLError, OSError) as exc:
+        raise NatsTlsError(f"destination.tls_ca_file {dest.tls_ca_file} holds no CA certificate walflow can read "
+                           f"({exc}): give the PEM file of the CA that signed the servers' certificates") from None
+    if dest.tls_cert_file is not None:
+        try:
+            context.load_cert_chain(dest.tls_cert_file, dest.tls_key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise NatsTlsError(f"destination.tls_cert_file {dest.tls_cert_file} and tls_key_file {dest.tls_key_file} "
+                               f"are not a certificate and its private key walflow can read ({exc}): give PEM files, "
+                               "the key unencrypted") from None
+    return context
+
+
+def refused_at_connect(exc: BaseException, dest: NatsDestination, name: str, server: str) -> FatalError | None:
+    """The fatal error for what nats-py reported during connection ``name``'s first connect to
+    ``server`` (host:port) that retrying cannot fix: refused credentials, or TLS that did not
+    come about as ``dest`` asks. None for the rest (an unreachable server is waited for)."""
+    if isinstance(exc, TlsNotStarted):
+        return NatsTlsError(str(exc))
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return NatsTlsError(
+            f"NATS at {server} presented a certificate walflow does not trust ({exc.verify_message}): nothing was sent; "
+            "set destination.tls_ca_file to the CA that signed it, and connect by a name the certificate is for "
+            "(host, or the servers' URLs)"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return NatsTlsError(
+            f"the TLS handshake with NATS at {server} failed ({exc.reason or exc}): nothing was sent; check that the "
+            "server has TLS on this port, that a server that verifies clients gets a certificate it trusts "
+            "(tls_cert_file, tls_key_file), and that tls_handshake_first matches its tls { handshake_first }"
+        )
+    if sorted_as(exc) is NatsAuthError:
+        return NatsAuthError(f"NATS at {', '.join(dest.server_urls)} refused the credentials of sink connection "
+                             f"'{name}' ({exc}): check {_credentials_hint(dest)} against the server's users or accounts")
+    return None
 def _disconnect_cause(exc: BaseException | None) -> str:
     """``walflow_reconnects_total``'s cause for a connection lost after nats-py reported ``exc``."""
     if isinstance(exc, nats.errors.UnexpectedEOF):
@@ -119,9 +179,11 @@ def _credentials_hint(dest: NatsDestination) -> str:
     if dest.creds_file is not None:
         return f"the credentials file {dest.creds_file}"
     if dest.jwt is not None:
-        return "destination.jwt and nkey_seed"
-    if dest.nkey_seed is not None:
-        return "destination.nkey_seed"
+        return "destination.jwt and its seed"
+    if dest.nkey_seed is not None or dest.nkey_seed_file is not None:
+        return "destination.nkey_seed" if dest.nkey_seed is not None else f"the seed in {dest.nkey_seed_file}"
+    if dest.token is not None:
+        return "destination.token"
     if dest.username is not None:
         return f"destination.username ('{dest.username}') and password"
     return "the credentials under the sink's destination (none are set; the server requires some)"
@@ -142,14 +204,20 @@ def permission_error(nc: WalflowClient, dest: NatsDestination, doing: str) -> Na
 
 
 class _Refused(Exception):
-    """Raised from ``error_cb`` to end nats-py's connect loop, which would retry refused credentials forever."""
+    """Raised from ``error_cb`` to end nats-py's connect loop, which would retry refused credentials
+    (or a TLS failure) forever; carries the fatal error to raise instead."""
+
+    def __init__(self, error: FatalError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = None) -> WalflowClient:
     """Connect, retrying with capped backoff until NATS answers: a pipeline waits for its sink.
 
-    Raises :class:`NatsAuthError` if the server refuses the credentials. ``metrics``: the
-    process's, which count reconnects (else nobody's)."""
+    Raises :class:`NatsAuthError` if the server refuses the credentials, :class:`NatsTlsError`
+    if TLS does not come about as configured. ``metrics``: the process's, which count
+    reconnects (else nobody's)."""
     warn = RateLimitedLog()
     options = connect_options(dest, name)
     servers = ", ".join(dest.server_urls)
@@ -165,8 +233,9 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
         nonlocal last_error
         last_error = exc
         kind = sorted_as(exc)
-        if connecting and kind is NatsAuthError:
-            raise _Refused(str(exc))
+        refused = refused_at_connect(exc, dest, name, client.server_address if client is not None else servers)
+        if connecting and refused is not None:
+            raise _Refused(refused)
         if kind is NatsPermissionError:
             if client is not None:
                 client.permission_violation = str(exc)
@@ -213,13 +282,10 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
                 log.info("NATS connection %s connected to %s (of %s)", name, on, servers)
             return client
         except (_Refused, TimeoutError, OSError, nats.errors.Error) as exc:
-            if isinstance(exc, _Refused) or sorted_as(exc) is NatsAuthError:
-                with contextlib.suppress(Exception):  # a half-open client: nothing more to do with it
-                    await asyncio.wait_for(client.close(), 5)
-                raise NatsAuthError(
-                    f"NATS at {servers} refused the credentials of sink connection '{name}' ({exc}): "
-                    f"check {_credentials_hint(dest)} against the server's users or accounts"
-                ) from None
+            refused = exc.error if isinstance(exc, _Refused) else refused_at_connect(exc, dest, name, client.server_address or servers)
+            if refused is not None:
+                client.abandon()
+                raise refused from None
             warn("connect", "cannot reach NATS at %s (%s); retrying", servers, exc)
             reconnects.labels("nats", "unreachable").inc()
             await asyncio.sleep(delay)

@@ -14,7 +14,11 @@ walflow's publishing hot path bypasses three of nats-py's per-message layers (se
 - ``Client._ps``, its protocol parser, replaced by a :class:`DirectParser`: a subclass of
   ``nats.protocol.parser.Parser`` that relies on its ``parse(data)`` coroutine, its
   ``buf`` (bytes received and not yet parsed) and ``state`` (``AWAITING_CONTROL_LINE``
-  between frames).
+  between frames);
+- ``Client._connect_command()``, which builds the ``CONNECT`` line (the credentials), checked
+  first by :class:`WalflowClient`: with ``Client.options["tls"]`` set, the connection's
+  transport (``Client._transport``, a ``TcpTransport`` whose ``_io_writer`` is the socket's
+  stream) must be TLS by then; ``Client._current_server`` names the server in the refusal.
 
 nats-py is pinned to the minor version tested (:data:`PIN`, ``pyproject.toml``). Should
 another version be installed anyway, importing this module fails at once, naming the
@@ -32,8 +36,10 @@ import re
 from collections.abc import Callable
 from typing import Final
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.aio.transport import TcpTransport
 from nats.protocol import parser as natspy_parser
 from nats.protocol.parser import Parser
 
@@ -43,12 +49,17 @@ log = logging.getLogger("walflow.nats")
 PIN: Final = "nats-py[nkeys]>=2.16,<2.17"
 
 #: Instance attributes of ``Client`` that the hooks read or write.
-CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_flush_queue", "_ps")
+CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_flush_queue", "_ps", "_transport", "_current_server",
+                             "options")
 #: Methods of ``Client`` the hooks call or override, with the parameters they rely on.
 CLIENT_METHODS: Final[dict[str, tuple[str, ...]]] = {
     "_flush_pending": (),  # called without arguments
     "_process_msg": ("sid", "subject", "reply", "data", "headers"),  # called positionally by the parser
 }
+#: Plain (not coroutine) methods of ``Client`` overridden, all called without arguments.
+CLIENT_PLAIN_METHODS: Final = ("_connect_command",)
+#: Instance attributes of ``TcpTransport`` the hooks read.
+TRANSPORT_ATTRIBUTES: Final = ("_io_writer",)
 #: Instance attributes of ``Subscription`` the hooks read.
 SUBSCRIPTION_ATTRIBUTES: Final = ("_id",)
 #: Instance attributes of ``Parser`` :class:`DirectParser` reads or writes.
@@ -94,6 +105,12 @@ def contract_problems(client_cls: type[Client] = Client, subscription_cls: type[
         if names != expected or any(param.default is inspect.Parameter.empty for param in rest):
             got = ", ".join(param.name for param in params)
             problems.append(f"Client.{name}({', '.join(expected)}) (has ({got}))")
+    for name in CLIENT_PLAIN_METHODS:
+        method = getattr(client_cls, name, None)
+        if not callable(method) or inspect.iscoroutinefunction(method) or len(inspect.signature(method).parameters) != 1:
+            problems.append(f"Client.{name}() (plain method without arguments)")
+    transport = vars(TcpTransport())  # type: ignore[no-untyped-call]
+    problems += [f"TcpTransport.{name} (attribute)" for name in TRANSPORT_ATTRIBUTES if name not in transport]
     try:
         sub = subscription_cls(client, 7, "walflow.contract")
         sub_attributes = vars(sub)
@@ -125,6 +142,12 @@ check()
 DirectHandler = Callable[[bytes, bytes, bytes | None], None]
 
 
+class TlsNotStarted(nats.errors.Error):
+    """A connection walflow gave a TLS context to is not TLS when its ``CONNECT`` is due: nothing
+    was sent, credentials least of all. A ``nats.errors.Error``, so nats-py's connect loop hands
+    it to ``error_cb`` (which ends a first connect: :mod:`connectors.nats.connection`)."""
+
+
 class WalflowClient(Client):
     """nats-py's client, plus a raw path for the publishing hot loop.
 
@@ -136,7 +159,8 @@ class WalflowClient(Client):
     subscription made with :meth:`subscribe_direct` has its messages handed to a plain
     function, straight from the protocol parser — for a plain ``MSG`` frame (an ack), before
     nats-py's parser sees it (:class:`DirectParser`). Everything else — connecting, auth, TLS,
-    pings, reconnects and resubscribing — stays nats-py's.
+    pings, reconnects and resubscribing — stays nats-py's, except that a connection given a TLS
+    context never sends ``CONNECT`` unless it is TLS by then (:meth:`_connect_command`).
     """
 
     def __init__(self) -> None:
@@ -168,6 +192,39 @@ class WalflowClient(Client):
         entry = self._direct.pop(sid, None)
         if entry is not None and not self.is_closed:
             await entry[0].unsubscribe()
+
+    @property
+    def server_address(self) -> str:
+        """``host:port`` of the server this client is connected or connecting to ("" before any)."""
+        server = self._current_server
+        return f"{server.uri.hostname}:{server.uri.port}" if server is not None else ""
+
+    def abandon(self) -> None:
+        """Close a client whose first connect failed for good, without waiting: nats-py's
+        ``close`` waits for the socket's stream to report it closed, which never happens after a
+        failed TLS handshake (asyncio closed the socket under the TLS layer). Before a first
+        connect succeeds nats-py has started no task: closing the socket is all there is."""
+        if self._transport is not None:
+            self._transport.close()  # type: ignore[no-untyped-call]
+
+    def _connect_command(self) -> bytes:
+        """nats-py upgrades to TLS only when the server's INFO says ``tls_required`` (or with
+        ``tls_handshake_first``): whoever sits in between and drops the flag would receive
+        ``CONNECT``, the credentials in it, in clear. With a TLS context, refuse unless the
+        socket really is TLS."""
+        if "tls" in self.options and not self._on_tls():
+            raise TlsNotStarted(
+                f"NATS at {self.server_address} did not start TLS although the sink's destination asks for it: "
+                "walflow refuses to send it anything, its credentials least of all; a proxy in between may be "
+                "stripping TLS (the server's INFO did not ask for it), or the server has no tls block. Give the "
+                "server TLS, or set tls_handshake_first: true with a server that has tls { handshake_first: true }, "
+                "which makes stripping impossible"
+            )
+        return super()._connect_command()
+
+    def _on_tls(self) -> bool:
+        writer = getattr(self._transport, "_io_writer", None)  # a WebSocket transport has none: not TLS to us
+        return writer is not None and writer.get_extra_info("ssl_object") is not None
 
     def drop_pending(self) -> None:
         """Forget what nats-py still queued for the socket. On a disconnect: it would send it

@@ -61,6 +61,17 @@ def test_the_check_names_a_reshaped_method() -> None:
     ]
 
 
+def test_the_check_names_a_reshaped_connect_command() -> None:
+    """The CONNECT line walflow checks TLS before (WalflowClient._connect_command): a coroutine
+    or a new parameter would bypass the check, so the contract names it."""
+
+    class Reshaped(Client):
+        async def _connect_command(self, verbose: bool) -> bytes:  # type: ignore[override]
+            return b""
+
+    assert natspy.contract_problems(Reshaped) == ["Client._connect_command() (plain method without arguments)"]
+
+
 def test_the_check_names_a_renamed_subscription_id() -> None:
     class Renamed(Subscription):
         def __init__(self, conn: Any, id: int = 0, subject: str = "") -> None:
