@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+import nkeys  # nats-py's nkeys extra
 import pytest
 import trustme
 
 from cli.probe import ProbeError, close_nats, open_nats
 from config.schema import NatsDestination
-from connectors.nats.connection import connect
+from connectors.nats.connection import connect, connect_options
 from connectors.nats.natspy import WalflowClient
 from core.errors import FatalError, NatsAuthError, NatsTlsError
 from embedded import NatsServer
@@ -89,6 +91,24 @@ def first_nats(pki: Pki) -> Iterator[NatsServer]:
 def mtls_nats(pki: Pki) -> Iterator[NatsServer]:
     """TLS that verifies clients: only a certificate signed by the test's CA gets in."""
     with NatsServer(tls=(pki.cert, pki.key), tls_config=f"verify: true\n  ca_file: {json.dumps(str(pki.ca))}") as server:
+        yield server
+
+
+def _nkey_seed() -> str:
+    """A new nkey user's seed (``SU…``)."""
+    return str(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+
+
+#: The nkey user :func:`nkey_nats` knows; any other seed is a stranger.
+NKEY_SEED = _nkey_seed()
+
+
+@pytest.fixture(scope="module")
+def nkey_nats(pki: Pki) -> Iterator[NatsServer]:
+    """TLS required, one nkey user: the client signs the server's nonce with the seed."""
+    public = nkeys.from_seed(NKEY_SEED.encode()).public_key.decode()
+    with NatsServer(extra_config=f"authorization {{ users = [ {{nkey: {public}}} ] }}",
+                    tls=(pki.cert, pki.key)) as server:
         yield server
 
 
@@ -268,6 +288,16 @@ def test_a_token_over_handshake_first_tls_connects(first_nats: NatsServer, pki: 
         _connect(_dest(first_nats.port, token="wrong", tls_ca_file=pki.ca, tls_handshake_first=True))
 
 
+def test_an_nkey_seed_inline_or_from_a_file_connects_and_a_stranger_s_is_refused(nkey_nats: NatsServer, pki: Pki,
+                                                                                  tmp_path: Path) -> None:
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_text(NKEY_SEED + "\n")
+    assert _answers(_dest(nkey_nats.port, nkey_seed=NKEY_SEED, tls_ca_file=pki.ca))
+    assert _answers(_dest(nkey_nats.port, nkey_seed_file=seed_file, tls_ca_file=pki.ca))
+    with pytest.raises(NatsAuthError, match="check destination.nkey_seed against"):
+        _connect(_dest(nkey_nats.port, nkey_seed=_nkey_seed(), tls_ca_file=pki.ca))
+
+
 def test_walflow_check_says_the_same_line_through_a_stripping_proxy(tls_nats: NatsServer, pki: Pki) -> None:
     async def probe(dest: NatsDestination) -> None:
         await close_nats(await open_nats(dest, "walflow:check"))
@@ -316,3 +346,11 @@ def test_the_pipeline_publishes_over_verified_tls(
     config = write_config(tmp_path, database, nats_server, names, [_tls_sink(names, nats_server.port, **keys)])
     run_workload(config, database, _three_rows)
     assert _messages(_dest(nats_server.port, **keys), names.stream) == 3
+
+
+def test_a_ca_file_that_holds_no_certificate_is_one_line_before_any_connection(tmp_path: Path) -> None:
+    not_a_ca = tmp_path / "ca.pem"
+    not_a_ca.write_text("not a certificate\n")
+    with pytest.raises(NatsTlsError) as info:
+        connect_options(_dest(4222, tls_ca_file=not_a_ca), "walflow:test")
+    assert str(info.value).startswith(f"destination.tls_ca_file {not_a_ca} holds no CA certificate walflow can read ")
