@@ -234,8 +234,11 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
         last_error = exc
         kind = sorted_as(exc)
         refused = refused_at_connect(exc, dest, name, client.server_address if client is not None else servers)
-        if connecting and refused is not None:
-            raise _Refused(refused)
+        if refused is not None:
+            if connecting:
+                raise _Refused(refused)
+            warn("refused", "%s; retrying", refused)  # a reconnect: the server (or what sits before it) may change
+            return
         if kind is NatsPermissionError:
             if client is not None:
                 client.permission_violation = str(exc)

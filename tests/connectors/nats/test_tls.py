@@ -116,14 +116,18 @@ class StrippingProxy:
     """A man in the middle on loopback: forwards both ways to the server on ``port``, except that
     it removes TLS from the server's INFO (``tls_required``, ``tls_verify``, ``tls_available``),
     as an attacker would to read the client's ``CONNECT``; records every byte the client sends.
+    With ``strip_from`` = n it leaves the first n - 1 connections alone (a man in the middle who
+    arrives later), and :meth:`drop` cuts the connections it relays (so that the client reconnects).
 
     Runs its own event loop in a thread, so a pipeline in another process can connect to it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, strip_from: int = 1) -> None:
         self.upstream = port
+        self.strip_from = strip_from
         self.port = 0
         self.from_clients = bytearray()
         self.connections = 0
+        self._writers: list[asyncio.StreamWriter] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -141,6 +145,11 @@ class StrippingProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
+    def drop(self) -> None:
+        """Cut every connection relayed so far."""
+        for writer in self._writers:
+            self._loop.call_soon_threadsafe(writer.close)
+
     @staticmethod
     def strip(info_line: bytes) -> bytes:
         info = json.loads(info_line.removeprefix(b"INFO "))
@@ -151,7 +160,9 @@ class StrippingProxy:
     async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        client_writer.write(self.strip(await server_reader.readline()))
+        self._writers += [client_writer, server_writer]
+        info = await server_reader.readline()
+        client_writer.write(self.strip(info) if self.connections >= self.strip_from else info)
         await asyncio.gather(self._pipe(client_reader, server_writer, record=True), self._pipe(server_reader, client_writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, record: bool = False) -> None:
@@ -207,6 +218,30 @@ def test_a_proxy_that_strips_tls_gets_neither_credentials_nor_connect(tls_nats: 
     assert str(info.value).startswith(f"NATS at localhost:{proxy.port} did not start TLS although the sink's "
                                       "destination asks for it: walflow refuses to send it anything"), info.value
     assert "a proxy in between may be stripping TLS" in str(info.value)
+
+
+def test_a_reconnect_through_a_proxy_that_starts_stripping_tls_sends_no_password(
+    tls_nats: NatsServer, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connected over TLS, then cut off: every reconnect meets a stripped INFO, refuses it, and
+    tries again (the proxy may go away), with nothing but TLS sent in all that time."""
+
+    async def reconnects_refused(proxy: StrippingProxy) -> None:
+        nc = await connect(_dest(proxy.port, username="walflow", password=PASSWORD, tls=True, tls_ca_file=pki.ca),
+                           "walflow:test")
+        try:
+            proxy.drop()
+            while proxy.connections < 3:  # two reconnects refused, the client still trying
+                await asyncio.sleep(0.05)
+            assert not nc.is_connected and not nc.is_closed
+        finally:
+            await nc.close()
+
+    with StrippingProxy(tls_nats.port, strip_from=2) as proxy, caplog.at_level("WARNING", "walflow.nats"):
+        asyncio.run(asyncio.wait_for(reconnects_refused(proxy), 30))
+    assert PASSWORD.encode() not in proxy.from_clients and b"CONNECT" not in proxy.from_clients
+    assert f"NATS at localhost:{proxy.port} did not start TLS" in caplog.text
+    assert "; retrying" in caplog.text
 
 
 @pytest.mark.slow  # it runs the pipeline (python -m bytewax.run) to its exit
