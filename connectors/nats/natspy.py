@@ -200,7 +200,7 @@ class WalflowClient(Client):
         return f"{server.uri.hostname}:{server.uri.port}" if server is not None else ""
 
     def abandon(self) -> None:
-        """Close a client whose first connect failed for good, without waiting: nats-py's
+        """Close the socket of a connection attempt refused for good, without waiting: nats-py's
         ``close`` waits for the socket's stream to report it closed, which never happens after a
         failed TLS handshake (asyncio closed the socket under the TLS layer). Before a first
         connect succeeds nats-py has started no task: closing the socket is all there is."""
@@ -211,8 +211,10 @@ class WalflowClient(Client):
         """nats-py upgrades to TLS only when the server's INFO says ``tls_required`` (or with
         ``tls_handshake_first``): whoever sits in between and drops the flag would receive
         ``CONNECT``, the credentials in it, in clear. With a TLS context, refuse unless the
-        socket really is TLS."""
+        socket really is TLS, and close it: nats-py would leave it open to whoever answered
+        (a reconnect opens a new one, and forgets the old)."""
         if "tls" in self.options and not self._on_tls():
+            self.abandon()
             raise TlsNotStarted(
                 f"NATS at {self.server_address} did not start TLS although the sink's destination asks for it: "
                 "walflow refuses to send it anything, its credentials least of all; a proxy in between may be "
