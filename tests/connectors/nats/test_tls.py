@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -366,18 +366,29 @@ def _three_rows(conn: Any) -> None:
     conn.execute("INSERT INTO items VALUES (1, 'a'), (2, 'b'), (3, 'c')")
 
 
+#: The pipeline's cases: the server fixture, and the destination's keys for it (given the test's PKI).
+PIPELINE_CASES: dict[str, tuple[str, Callable[[Pki], dict[str, Any]]]] = {
+    "password": ("tls_nats", lambda pki: {"username": "walflow", "password": PASSWORD, "tls_ca_file": str(pki.ca)}),
+    "token, handshake first": ("first_nats", lambda pki: {"token": TOKEN, "tls_ca_file": str(pki.ca),
+                                                          "tls_handshake_first": True}),
+    "client certificate": ("mtls_nats", lambda pki: {"tls_ca_file": str(pki.ca), "tls_cert_file": str(pki.client_cert),
+                                                     "tls_key_file": str(pki.client_key)}),
+    "own inbox prefix": ("tls_nats", lambda pki: {"username": "boxed", "password": PASSWORD,
+                                                  "tls_ca_file": str(pki.ca), "inbox_prefix": BOXED_INBOX}),
+}
+
+
 @pytest.mark.slow  # it runs the pipeline (python -m bytewax.run)
-@pytest.mark.parametrize("server", ["tls_nats", "first_nats"])
+@pytest.mark.parametrize("case", list(PIPELINE_CASES))
 def test_the_pipeline_publishes_over_verified_tls(
-    request: pytest.FixtureRequest, server: str, tmp_path: Path, database: Database, pki: Pki, names: TestNames
+    request: pytest.FixtureRequest, case: str, tmp_path: Path, database: Database, pki: Pki, names: TestNames
 ) -> None:
-    """Every connection the pipeline makes (sink, state, backfill requests) uses the destination's
-    TLS: the server takes no other."""
+    """Every NATS connection the pipeline makes (the sink's publishes and acknowledgements, its
+    stream and its state in KV) uses the destination's TLS, credentials and inbox prefix: the
+    server takes no other (the boxed user may receive replies under its own prefix only)."""
+    server, keys_for = PIPELINE_CASES[case]
     nats_server: NatsServer = request.getfixturevalue(server)
-    keys: dict[str, Any] = (
-        {"username": "walflow", "password": PASSWORD, "tls_ca_file": str(pki.ca)} if server == "tls_nats"
-        else {"token": TOKEN, "tls_ca_file": str(pki.ca), "tls_handshake_first": True}
-    )
+    keys = keys_for(pki)
     config = write_config(tmp_path, database, nats_server, names, [_tls_sink(names, nats_server.port, **keys)])
     run_workload(config, database, _three_rows)
     assert _messages(_dest(nats_server.port, **keys), names.stream) == 3
