@@ -450,7 +450,8 @@ class NatsDestination(Section):
     servers: list[str] | None = Field(default=None, min_length=1)
     username: str | None = None
     password: SecretStr | None = None
-    #: A token the server's ``authorization { token: … }`` expects (instead of a user).
+    #: A token the server's ``authorization { token: … }`` expects (instead of a user), or an
+    #: auth callout reads (sent along with a JWT or nkey signature).
     token: SecretStr | None = None
     #: A user JWT, with its user's ``nkey_seed`` (or ``nkey_seed_file``); or both in ``creds_file``.
     jwt: SecretStr | None = None
@@ -506,27 +507,23 @@ class NatsDestination(Section):
             raise ValueError("set either host (with port) or servers, exactly one of them")
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together: set both or neither")
-        if self.creds_file is not None and (self.jwt is not None or self.nkey_seed is not None):
-            raise ValueError("creds_file already holds the JWT and nkey seed: drop jwt/nkey_seed, or drop creds_file")
+        if self.creds_file is not None and (self.jwt, self.nkey_seed, self.nkey_seed_file) != (None, None, None):
+            raise ValueError("creds_file already holds the JWT and nkey seed: drop jwt/nkey_seed/nkey_seed_file, "
+                             "or drop creds_file")
         if self.nkey_seed is not None and self.nkey_seed_file is not None:
             raise ValueError("nkey_seed and nkey_seed_file are the same seed given twice: keep one of them")
         if self.jwt is not None and self.nkey_seed is None and self.nkey_seed_file is None:
             raise ValueError("jwt needs its user's seed to sign the server's challenge: set nkey_seed (or "
                              "nkey_seed_file), or give both in creds_file")
+        if self.token is not None and self.username is not None:
+            # nats-py sends one of them, the password. (A token *with* a JWT or an nkey is sent
+            # along with the signature, for auth callouts; a user with a JWT is Sequin's own
+            # reference config: the server's nonce decides which nats-py sends.)
+            raise ValueError("username/password and token are two ways to log in, and walflow would send only the "
+                             "password: keep the one the server's authorization expects")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together (a client certificate and its key): "
                              "set both or neither")
-        ways = [key for key, given in (
-            ("username/password", self.username is not None),
-            ("token", self.token is not None),
-            ("creds_file", self.creds_file is not None),
-            ("jwt", self.jwt is not None),
-            ("nkey_seed" if self.nkey_seed is not None else "nkey_seed_file",
-             self.jwt is None and (self.nkey_seed is not None or self.nkey_seed_file is not None)),
-        ) if given]
-        if len(ways) > 1:
-            raise ValueError(f"{' and '.join(ways)} are different ways to log in to NATS, and the server would "
-                             "see only one of them: keep the one its users or accounts expect")
         return self
 
     @property

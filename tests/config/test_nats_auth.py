@@ -1,4 +1,4 @@
-"""A sink's NATS credentials and TLS keys: one way to log in, keys that go together, TLS implied."""
+"""A sink's NATS credentials and TLS keys: keys that go together, none that nats-py would drop, TLS implied."""
 
 from __future__ import annotations
 
@@ -70,18 +70,21 @@ def test_the_token_is_a_secret(tmp_path: Path) -> None:
     assert "s3cret-token" not in repr(dest) and "s3cret-token" not in str(dest.model_dump())
 
 
-@pytest.mark.parametrize(("extra", "ways"), [
-    ("username: u, password: p, token: t", "username/password and token"),
-    ("token: t, nkey_seed: SU", "token and nkey_seed"),
-    ("username: u, password: p, creds_file: DIR/user.creds", "username/password and creds_file"),
-    ("token: t, jwt: j, nkey_seed: SU", "token and jwt"),
-    ("username: u, password: p, nkey_seed_file: DIR/user.nk", "username/password and nkey_seed_file"),
-])
-def test_two_ways_to_log_in_are_refused_naming_both(tmp_path: Path, extra: str, ways: str) -> None:
-    assert _errors(tmp_path, extra) == [
-        f"sinks[0].destination: {ways} are different ways to log in to NATS, and the server would see only one of "
-        "them: keep the one its users or accounts expect"
+def test_a_token_with_a_user_is_refused_as_one_of_them_would_not_be_sent(tmp_path: Path) -> None:
+    assert _errors(tmp_path, "username: u, password: p, token: t") == [
+        "sinks[0].destination: username/password and token are two ways to log in, and walflow would send only the "
+        "password: keep the one the server's authorization expects"
     ]
+
+
+@pytest.mark.parametrize("extra", [
+    "username: u, password: p, jwt: j, nkey_seed: SU",  # Sequin's reference config: the server's nonce decides
+    "token: t, jwt: j, nkey_seed: SU",  # an auth callout's token, with the user's signature
+    "token: t, nkey_seed_file: DIR/user.nk",
+    "token: t, creds_file: DIR/user.creds",
+])
+def test_credentials_nats_py_sends_together_are_accepted(tmp_path: Path, extra: str) -> None:
+    assert _dest(tmp_path, extra).logs_in
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -94,7 +97,9 @@ def test_two_ways_to_log_in_are_refused_naming_both(tmp_path: Path, extra: str, 
     ("nkey_seed: SU, nkey_seed_file: DIR/user.nk", "nkey_seed and nkey_seed_file are the same seed given twice: keep "
                                                    "one of them"),
     ("creds_file: DIR/user.creds, jwt: j, nkey_seed: SU", "creds_file already holds the JWT and nkey seed: drop "
-                                                          "jwt/nkey_seed, or drop creds_file"),
+                                                          "jwt/nkey_seed/nkey_seed_file, or drop creds_file"),
+    ("creds_file: DIR/user.creds, nkey_seed_file: DIR/user.nk", "creds_file already holds the JWT and nkey seed: "
+                                                                "drop jwt/nkey_seed/nkey_seed_file, or drop creds_file"),
 ])
 def test_keys_that_go_together_are_refused_alone(tmp_path: Path, extra: str, message: str) -> None:
     assert _errors(tmp_path, extra) == [f"sinks[0].destination: {message}"]
