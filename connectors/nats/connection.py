@@ -32,6 +32,7 @@ from nats.aio.client import RawCredentials
 
 from config.schema import NatsDestination
 from connectors.nats.natspy import WalflowClient
+from core.display import display_url
 from core.errors import NatsAuthError, NatsPermissionError, WalflowError, nats_error
 from core.metrics import Metrics
 
@@ -102,9 +103,10 @@ def _disconnect_cause(exc: BaseException | None) -> str:
 
 
 def _netloc(client: WalflowClient | None) -> str:
-    """``nats://host:port`` of the server ``client`` is connected to ("" while it is not)."""
+    """``nats://host:port`` of the server ``client`` is connected to ("" while it is not): never
+    the credentials its URL may hold (it is a metric's label too)."""
     url = client.connected_url if client is not None else None
-    return f"{url.scheme}://{url.netloc}" if url is not None else ""
+    return display_url(url.geturl()) if url is not None else ""
 
 
 def sorted_as(exc: BaseException) -> type[WalflowError]:
@@ -135,7 +137,7 @@ def permission_error(nc: WalflowClient, dest: NatsDestination, doing: str) -> Na
         return None
     who = f"user '{dest.username}'" if dest.username is not None else "the sink's NATS user"
     return NatsPermissionError(
-        f"NATS at {', '.join(dest.server_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
+        f"NATS at {', '.join(dest.display_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
         "that subject: docs/nats-permissions.conf lists each one walflow uses (its stream's and bucket's JetStream "
         "API subjects, and subscribe on its replies' inbox prefix)"
     )
@@ -152,7 +154,7 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
     process's, which count reconnects (else nobody's)."""
     warn = RateLimitedLog()
     options = connect_options(dest, name)
-    servers = ", ".join(dest.server_urls)
+    servers = ", ".join(dest.display_urls)
     connecting = True
     metrics = metrics or Metrics()
     reconnects, connected = metrics.reconnects, metrics.nats_connected
