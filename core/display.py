@@ -48,8 +48,9 @@ def printable(text: str, keep: str = "") -> str:
 
 def fatal_line(exc: BaseException) -> str:
     """The one ``walflow: …`` line a fatal error stops a command with (a config error's problems
-    on lines of their own), escaped as :func:`printable` but for those line breaks."""
-    return f"walflow: {printable(str(exc), keep=chr(10))}"
+    on lines of their own, a driver's hint indented below), escaped as :func:`printable` but for
+    those line breaks and tabs."""
+    return "walflow: " + printable(str(exc), keep="\n\t")
 
 
 def _escape(char: str) -> str:
