@@ -139,10 +139,14 @@ class Setup(typing.NamedTuple):
 
 
 def _config(setup: Setup, form: str, *, log_format: str = "text", health_port: int = 0,
-            nats_password: str = NATS_PASSWORD) -> tuple[dict[str, Any], list[str]]:
+            nats_password: str = NATS_PASSWORD, pg_password: str | None = None,
+            nats_port: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """The config of a pipeline on ``setup``'s servers with a canary in every secret (``form``:
-    the database given by ``url`` or by its ``fields``), and every canary in it."""
+    the database given by ``url`` or by its ``fields``), and every canary in it; a password
+    the server refuses, or another NATS port, if given."""
     role, password = PG_ROLES[form]
+    password = pg_password or password
+    nats_port = nats_port or setup.nats_port
     url_password, monitor_password = canary("serverurl"), canary("monitorurl")
     mask_secret = canary("masksecret")  # a hash needs a key for the config to validate at all
     canaries = [password, nats_password, url_password, monitor_password, mask_secret]
@@ -155,6 +159,7 @@ def _config(setup: Setup, form: str, *, log_format: str = "text", health_port: i
               "password": password})
     data: dict[str, Any] = {
         "databases": [{"name": "shop", **where, "sslcert": str(cert), "sslkey": str(key),
+                       "await_database": {"timeout_ms": 2_000, "interval_ms": 500},
                        "slot": {"name": f"canary_{form}", "create_if_not_exists": True},
                        "publication": {"name": f"canary_{form}", "create_if_not_exists": True}}],
         "sinks": [{
@@ -163,7 +168,7 @@ def _config(setup: Setup, form: str, *, log_format: str = "text", health_port: i
             "tables": [{"name": TABLE, "columns": {"mask": {"ssn": {"hash": True, "secret": mask_secret}}}}],
             "destination": {
                 "type": "nats", "username": NATS_USER, "password": nats_password, "confirm_delay_ms": 0,
-                "servers": [f"nats://{NATS_USER}:{url_password}@127.0.0.1:{setup.nats_port}"],
+                "servers": [f"nats://{NATS_USER}:{url_password}@127.0.0.1:{nats_port}"],
                 "monitoring_urls": [f"http://monitor:{monitor_password}@127.0.0.1:{setup.nats_http_port}"],
                 "subject_prefix": "canary", "stream": {"name": STREAM, "subjects": ["canary.>"]},
             },
@@ -299,17 +304,33 @@ def test_a_running_pipeline_writes_no_secret(setup: Setup, canary_nats: NatsServ
     assert_no_canary(canaries, outputs)
 
 
-@pytest.mark.parametrize("form", ["url", "fields"])
-def test_refused_credentials_exit_without_secrets(setup: Setup, form: str) -> None:
-    """NATS refusing the password: the pipeline's fatal line on exit, and check and status in
-    both modes, hold no canary."""
-    data, canaries = _config(setup, form, nats_password=canary("wrongpw"))
-    config = _write(setup, f"refused-{form}", data)
+@pytest.mark.parametrize(("server", "form"), [("nats", "fields"), ("postgres", "url")])
+def test_refused_credentials_exit_without_secrets(setup: Setup, server: str, form: str) -> None:
+    """NATS or PostgreSQL refusing the password: the pipeline's fatal line on exit (after the
+    warnings of its retries), and check and status in both modes, hold no canary."""
+    wrong = canary("wrongpw")
+    data, canaries = (_config(setup, form, nats_password=wrong) if server == "nats" else
+                      _config(setup, form, pg_password=wrong))
+    config = _write(setup, f"refused-{server}", data)
     done = run_to_exit(config)
     assert done.returncode == 2, done.stderr
-    assert "refused the credentials" in done.stderr, done.stderr
+    assert ("refused the credentials" if server == "nats" else "password authentication failed") in done.stderr, \
+        done.stderr
     outputs: dict[str, str | bytes] = {"the pipeline (stdout)": done.stdout, "the pipeline (stderr)": done.stderr,
                                        **_commands(config)}
+    assert_no_canary(canaries, outputs)
+
+
+def test_an_unreachable_nats_is_retried_without_secrets(setup: Setup) -> None:
+    """The pipeline's warnings while NATS does not answer, and check and status saying so."""
+    data, canaries = _config(setup, "url", nats_port=free_port())
+    config = _write(setup, "unreachable", data)
+    with pipeline(config, "-s", "1") as proc:
+        wait_for(lambda: "cannot reach NATS at nats://127.0.0.1:" in log_text(proc), timeout=60,
+                 what="the pipeline to say NATS is unreachable", check=lambda: assert_running(proc))
+        outputs: dict[str, str | bytes] = {**_commands(config)}
+    outputs["the pipeline's log"] = log_text(proc)
+    assert "NATS unreachable at nats://127.0.0.1:" in outputs["walflow check (stdout)"]
     assert_no_canary(canaries, outputs)
 
 
