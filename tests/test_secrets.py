@@ -51,7 +51,12 @@ NATS_USER = "canary"
 NATS_PASSWORD = canary("natspw")
 #: The roles the pipeline logs in as: one given by a ``url:``, one by ``password:``.
 PG_ROLES = {"url": ("canary_url", canary("pgurl")), "fields": ("canary_fields", canary("pgpw"))}
-DATABASE, TABLE, STREAM = "canaries", "public.accounts", "CANARIES"
+DATABASE, TABLE = "canaries", "public.accounts"
+
+
+def stream_of(form: str) -> str:
+    """Each form's runs publish to a stream (and subjects, ``<form>.>``) of their own."""
+    return f"CANARIES_{form.upper()}"
 
 
 # -- the secret fields, found by walking the models ------------------------------------------
@@ -187,7 +192,7 @@ def _config(setup: Setup, form: str, *, log_format: str = "text", health_port: i
                 "type": "nats", "username": NATS_USER, "password": nats_password, "confirm_delay_ms": 0,
                 "servers": [f"nats://{NATS_USER}:{url_password}@127.0.0.1:{nats_port}"],
                 "monitoring_urls": [f"http://monitor:{monitor_password}@127.0.0.1:{setup.nats_http_port}"],
-                "subject_prefix": "canary", "stream": {"name": STREAM, "subjects": ["canary.>"]},
+                "subject_prefix": form, "stream": {"name": stream_of(form), "subjects": [f"{form}.>"]},
             },
         }, *({  # disabled, so never connected: for the secrets that are another way to log in
             "name": f"accounts-{way}", "database": "shop", "status": "disabled",
@@ -233,8 +238,8 @@ def canary_nats() -> Iterator[NatsServer]:
 def setup(canary_pg: PostgresServer, canary_nats: NatsServer, tmp_path: Path) -> Setup:
     (tmp_path / "fragile.py").write_text(textwrap.dedent("""
         def shape(action, record, changes, metadata):
-            if record["id"] == 2:
-                raise KeyError(record["name"])
+            if record["name"] == "grace":
+                raise KeyError(record["ssn"])
             return record
         """))
     return Setup(canary_pg.port, canary_nats.port, canary_nats.http_port, tmp_path)
@@ -313,16 +318,18 @@ def test_a_running_pipeline_writes_no_secret(setup: Setup, canary_nats: NatsServ
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: _ready(port, token), timeout=90, what="the pipeline to be ready", check=lambda: assert_running(proc))
         with psycopg.connect(canary_pg_dsn(setup), autocommit=True) as conn:
-            conn.execute(f"INSERT INTO {TABLE} VALUES (1, '123-45-6789', 'ada'), (2, '987-65-4321', 'grace')")
-        wait_for(lambda: len(stored(_plain(canary_nats), STREAM)) >= 2, timeout=60,
+            first = 1 if form == "url" else 11  # the module's server holds the other run's rows
+            conn.execute(f"INSERT INTO {TABLE} VALUES (%s, '123-45-6789', 'ada'), (%s, '987-65-4321', 'grace')",
+                         (first, first + 1))
+        wait_for(lambda: len(stored(_plain(canary_nats), stream_of(form))) >= 2, timeout=60,
                  what="the row and the dead letter", check=lambda: assert_running(proc))
         for path in ("/readyz", "/metrics", "/healthz"):
             outputs[path] = _get(port, path, token)[1]
         assert "walflow_" in outputs["/metrics"]
         outputs |= _commands(config)
     outputs["the pipeline's log"] = log_text(proc)
-    messages = stored(_plain(canary_nats), STREAM)
-    assert {m.subject for m in messages} == {"canary.shop.public.accounts.insert", "canary.shop.dead_letter"}
+    messages = stored(_plain(canary_nats), stream_of(form))
+    assert [m.subject for m in messages] == [f"{form}.shop.public.accounts.insert", f"{form}.shop.dead_letter"]
     for message in messages:
         outputs[f"stored message {message.seq} ({message.subject})"] = message.data + repr(message.headers).encode()
     assert outputs["the pipeline's log"].strip(), "the pipeline wrote no log"
