@@ -125,8 +125,8 @@ class Marked:
             resolved = _PLACEHOLDER.sub(lambda m: self._tokens[int(m.group(1))].value(env), value)
         except InterpolationError:
             whole = _PLACEHOLDER.fullmatch(value)
-            if not secret or (whole is not None and self._tokens[int(whole.group(1))].raw.startswith("${")
-                              and self._tokens[int(whole.group(1))].problem is None):
+            token = self._tokens[int(whole.group(1))] if whole is not None else None
+            if not secret or (token is not None and token.raw.startswith("${") and token.problem is None):
                 raise
             raise InterpolationError(_SECRET_PROBLEM) from None
         return resolved or None
