@@ -82,6 +82,7 @@ from connectors.postgres import hints
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.requests import _keyless
 from connectors.postgres.slot import _NO_IDENTITY_QUERY, EMIT_QUERY
+from core.display import printable
 from core.subjects import covers, database_subjects, schema_pattern, subject, transaction_subject
 
 NAMES: Final = {Level.OK: "pass", Level.INFO: "info", Level.WARN: "warn", Level.FAIL: "fail"}
@@ -383,7 +384,7 @@ async def _check_sink(sink: SinkConfig, tables: tuple[str, ...]) -> list[Finding
         return [Finding(about, Level.FAIL, exc.text, exc.fix)]
     auth = "with its credentials" if dest.logs_in else "without credentials"
     tls = ", TLS" if dest.uses_tls else ""
-    findings = [Finding(about, Level.OK, f"NATS at {', '.join(dest.server_urls)} accepts the sink's connection "
+    findings = [Finding(about, Level.OK, f"NATS at {', '.join(dest.display_urls)} accepts the sink's connection "
                         f"({auth}{tls})")]
     try:
         findings += await _jetstream_checks(nc, sink, tables)
@@ -517,5 +518,5 @@ def main(config_file: str, *, as_json: bool) -> int:
         why = (f"{len(failed)} of {counted} checks failed" if failed
                else f"all {counted} checks pass" + (f" ({warned} with a warning)" if warned else ""))
         head = f"walflow check: {paint(verdict.upper(), worst(findings), colour)} — {why}"
-        emit("\n".join([head, f"config {config_file}", "", *render(findings, TAGS, colour=colour)]))
+        emit("\n".join([head, f"config {printable(config_file)}", "", *render(findings, TAGS, colour=colour)]))
     return 1 if failed else 0

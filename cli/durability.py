@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from cli.probe import Finding, Level, ProbeClient
 from config.schema import SinkConfig
+from core.display import display_url
 
 #: JetStream's ``sync_interval`` when a server's config sets none (nats-server 2.10–2.15).
 DEFAULT_SYNC_INTERVAL: Final = 120.0
@@ -38,10 +39,10 @@ def sync_policy(url: str) -> tuple[float | None, str | None]:
         with _NO_PROXY.open(f"{url.rstrip('/')}/varz", timeout=3) as reply:
             varz: dict[str, Any] = json.loads(reply.read())
     except (OSError, ValueError) as exc:
-        return None, f"{url}/varz did not answer ({getattr(exc, 'reason', exc)})"
+        return None, f"{display_url(url)}/varz did not answer ({getattr(exc, 'reason', exc)})"
     config = (varz.get("jetstream") or {}).get("config") or {}
     if not isinstance(config, dict) or not config:
-        return None, f"{url}/varz shows no JetStream config (is JetStream enabled there?)"
+        return None, f"{display_url(url)}/varz shows no JetStream config (is JetStream enabled there?)"
     if config.get("sync_always"):
         return 0.0, None
     return float(config.get("sync_interval") or DEFAULT_SYNC_INTERVAL * 1e9) / 1e9, None
@@ -90,7 +91,7 @@ def _delay_check(sink: SinkConfig) -> Finding:
                        "check destination.monitoring_urls (each server's http: port)")
     longest_url, longest = max(((url, interval or 0.0) for url, interval, _ in read), key=lambda pair: pair[1])
     if delay < longest:
-        return Finding(about, Level.WARN, f"confirm_delay_ms ({_secs(delay)}) is shorter than {longest_url}'s "
+        return Finding(about, Level.WARN, f"confirm_delay_ms ({_secs(delay)}) is shorter than {display_url(longest_url)}'s "
                        f"sync_interval ({_secs(longest)}): what a crashed server acknowledged but had not synced "
                        "may be past the slot", f"set confirm_delay_ms to at least {int(longest * 1000) + 10_000}")
     policy = "every write" if longest == 0 else f"every {_secs(longest)} at most"

@@ -30,6 +30,7 @@ from cli.probe import first_line
 from config import config_path, load_config
 from connectors.postgres.requests import BackfillRequestError, request_backfills
 from connectors.postgres.signals import BackfillRequest, signing_key
+from core.display import fatal_line, printable
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT
 from transforms.filter import SinkFilter
@@ -91,7 +92,7 @@ def _report(args: argparse.Namespace) -> int:
             return status.main(args.config or config_path(), as_json=args.json, sample_s=args.sample)
         return check.main(args.config or config_path(), as_json=args.json)
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback, even for what nobody foresaw
-        print(f"walflow: {args.command} failed unexpectedly ({type(exc).__name__}: {first_line(exc)}); "
+        print(f"walflow: {args.command} failed unexpectedly ({type(exc).__name__}: {printable(first_line(exc))}); "
               "this is a bug in walflow", file=sys.stderr)
         return status.EXIT["down"] if args.command == "status" else 1
 
@@ -105,10 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "backfill":
             print(backfill(args))
     except FatalError as exc:
-        print(f"walflow: {exc}", file=sys.stderr)
+        print(fatal_line(exc), file=sys.stderr)
         return FATAL_EXIT
     except psycopg.OperationalError as exc:
-        print(f"walflow: cannot reach the database: {first_line(exc)}", file=sys.stderr)
+        print(f"walflow: cannot reach the database: {printable(first_line(exc))}", file=sys.stderr)
         return FATAL_EXIT
     return 0
 

@@ -54,6 +54,7 @@ from connectors.postgres import hints
 from connectors.postgres.connection import conninfo, tls_failure
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
 from connectors.postgres.requests import _published
+from core.display import printable
 from core.errors import NatsAuthError, NatsPermissionError, NatsTlsError, StreamSetupError, nats_error
 from transforms.filter import SinkFilter
 
@@ -129,17 +130,20 @@ def paint(text: str, level: Level, colour: bool) -> str:
 
 
 def render(findings: Sequence[Finding], tags: Mapping[Level, str], *, colour: bool) -> list[str]:
-    """One line a finding under a heading per subject, and its fix indented below it."""
+    """One line a finding under a heading per subject, and its fix indented below it. What a
+    finding says may hold names the database or NATS chose (tables, streams, their errors):
+    their control characters are escaped (:func:`core.display.printable`), and only walflow's
+    own colours reach the terminal."""
     width = max(len(tag) for tag in tags.values())
     lines: list[str] = []
     about = None
     for finding in findings:
         if finding.about != about:
             about = finding.about
-            lines.append(f"\x1b[1m{about}\x1b[0m" if colour else about)
-        lines.append(f"  {paint(tags[finding.level].ljust(width), finding.level, colour)}  {finding.text}")
+            lines.append(f"\x1b[1m{printable(about)}\x1b[0m" if colour else printable(about))
+        lines.append(f"  {paint(tags[finding.level].ljust(width), finding.level, colour)}  {printable(finding.text)}")
         if finding.fix:
-            lines.append(f"  {' ' * width}  fix: {finding.fix}")
+            lines.append(f"  {' ' * width}  fix: {printable(finding.fix)}")
     return lines
 
 
@@ -467,7 +471,7 @@ async def open_nats(dest: NatsDestination, name: str) -> ProbeClient:
         else:
             errors.append(first_line(exc))
 
-    servers = ", ".join(dest.server_urls)
+    servers = ", ".join(dest.display_urls)
     try:
         options = {**connect_options(dest, name), "allow_reconnect": False, "max_reconnect_attempts": 1,
                    "reconnect_time_wait": 0.2, "connect_timeout": 3}
@@ -505,7 +509,7 @@ async def account_info(nc: ProbeClient, dest: NatsDestination) -> dict[str, Any]
     except Refused:
         raise refusal(nc, dest, "a $JS.API.INFO request") from None
     except NoRespondersError:
-        raise ProbeError(f"JetStream is not enabled on NATS at {', '.join(dest.server_urls)} for this account "
+        raise ProbeError(f"JetStream is not enabled on NATS at {', '.join(dest.display_urls)} for this account "
                          "(nothing answers $JS.API.INFO)",
                          "enable JetStream on the server (jetstream {} in its config, or -js) and for the "
                          "account of the sink's user") from None

@@ -73,6 +73,7 @@ from connectors.postgres import hints
 from connectors.postgres.backfill_progress import progress_text
 from connectors.postgres.protocol import lsn_to_str
 from connectors.postgres.session import WAITING_ON_CLIENT
+from core.display import printable
 from transforms.schema_events import last_changes
 
 VERDICTS: Final = {Level.OK: "healthy", Level.INFO: "healthy", Level.WARN: "degraded", Level.FAIL: "down"}
@@ -156,9 +157,9 @@ class Status:
         verdict = self.verdict.upper()
         why = self.reasons[0].text if self.reasons else "changes flow from every slot to JetStream"
         more = f" (+{len(self.reasons) - 1} more)" if len(self.reasons) > 1 else ""
-        head = f"walflow status: {paint(verdict, level, colour)} — {why}{more}"
+        head = f"walflow status: {paint(verdict, level, colour)} — {printable(why)}{more}"
         sampled = f"slots sampled over {self.sample_s:g} s" if self.sample_s else "slots sampled once"
-        where = f"config {self.config_file}" + (f", {sampled}" if self.details else "")  # none: the config failed
+        where = f"config {printable(self.config_file)}" + (f", {sampled}" if self.details else "")  # none: the config failed
         return [head, where, "", *render(self.findings, TAGS, colour=colour)]
 
 
@@ -213,7 +214,7 @@ async def _probe_sink(sink: SinkConfig, slot: str | None) -> tuple[list[Finding]
     about = f"sink {sink.name}"
     dest = sink.destination
     details: dict[str, Any] = {"name": sink.name, "database": sink.database, "enabled": sink.enabled,
-                               "servers": dest.server_urls, "nats_reachable": None, "stream": None}
+                               "servers": dest.display_urls, "nats_reachable": None, "stream": None}
     if not sink.enabled:
         return [Finding(about, Level.INFO, f"disabled (status: {sink.status}): it publishes nothing")], details
     try:
@@ -231,7 +232,7 @@ async def _probe_sink(sink: SinkConfig, slot: str | None) -> tuple[list[Finding]
         return [Finding(about, Level.FAIL, refusal(nc, dest, f"a JetStream API request of sink '{sink.name}'").text)], \
             details
     except TimeoutError:
-        return [Finding(about, Level.FAIL, f"JetStream at {', '.join(dest.server_urls)} did not answer within 5 s",
+        return [Finding(about, Level.FAIL, f"JetStream at {', '.join(dest.display_urls)} did not answer within 5 s",
                         "check the NATS server's JetStream (its log; `nats server check jetstream`)")], details
     finally:
         await close_nats(nc)

@@ -38,6 +38,13 @@ _OPEN, _CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
 
 
+#: Why a secret's value does not resolve, without a word of the value.
+_SECRET_PROBLEM = (
+    "holds a '$' that does not resolve (the value is a secret: it is not shown): a variable that is not set, or a "
+    "'$' that starts no valid reference; write $$ for each literal $, and ${NAME} for a variable"
+)
+
+
 class InterpolationError(ValueError):
     """A reference that cannot be resolved (the message says why and what to write)."""
 
@@ -106,11 +113,22 @@ class Marked:
         out.append(text[pos:])
         self.text = "".join(out)
 
-    def resolve(self, value: str, env: Mapping[str, str]) -> str | None:
-        """``value`` (a parsed string) with its references resolved; None if that leaves it empty."""
+    def resolve(self, value: str, env: Mapping[str, str], *, secret: bool = False) -> str | None:
+        """``value`` (a parsed string) with its references resolved; None if that leaves it empty.
+
+        ``secret``: the value may be a secret, so an error does not quote it. A ``$`` in a
+        password (``pa$word``) reads as a reference; its message would show what follows it.
+        Only a value that is one ``${NAME}`` and nothing else is named, being no secret itself."""
         if _OPEN not in value:
             return value
-        resolved = _PLACEHOLDER.sub(lambda m: self._tokens[int(m.group(1))].value(env), value)
+        try:
+            resolved = _PLACEHOLDER.sub(lambda m: self._tokens[int(m.group(1))].value(env), value)
+        except InterpolationError:
+            whole = _PLACEHOLDER.fullmatch(value)
+            token = self._tokens[int(whole.group(1))] if whole is not None else None
+            if not secret or (token is not None and token.raw.startswith("${") and token.problem is None):
+                raise
+            raise InterpolationError(_SECRET_PROBLEM) from None
         return resolved or None
 
     def position(self, index: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
@@ -30,7 +30,6 @@ from core.errors import FatalError
 log = logging.getLogger("walflow.config")
 
 DEFAULT_PATH = "config/walflow.yaml"
-_SECRET_KEYS = frozenset({"password", "jwt", "nkey_seed", "token", "url"})
 
 Location = Sequence[str | int]
 
@@ -85,6 +84,50 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, [describe(error) for error in exc.errors()]) from None
+
+
+# -- secrets ---------------------------------------------------------------------------------
+
+
+def secret_keys(model: type[Section]) -> frozenset[str]:
+    """The names of the keys that hold secrets in ``model`` and every model below it: fields
+    of a ``SecretStr`` type (alone, optional, in a list …), fields that are ``repr=False`` (URLs
+    that may carry credentials) and each model's ``secret_keys``. Found by walking the models,
+    so that a secret field added anywhere is kept out of every error without being listed here."""
+    found: set[str] = set()
+    seen: set[type[Section]] = set()
+    todo = [model]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        found |= current.secret_keys
+        for name, field in current.model_fields.items():
+            types = list(_types_in(field.annotation))
+            if field.repr is False or SecretStr in types:
+                found.add(name)
+            todo += [t for t in types if isinstance(t, type) and issubclass(t, Section)]
+    return frozenset(found)
+
+
+def _types_in(annotation: Any) -> Iterator[Any]:
+    """``annotation`` and everything it is made of (``X | None``, ``list[X]``, ``dict[str, X]``,
+    ``Annotated[X, …]``, recursively)."""
+    yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _types_in(arg)
+
+
+#: Every key of the config that may hold a secret: errors never repeat what it was given.
+_SECRET_KEYS: frozenset[str] = secret_keys(Config)
+
+
+def _is_secret(loc: Location) -> bool:
+    """Whether the value at ``loc`` is (or is inside) a key that may hold a secret; by name, so
+    that it holds for a path the models cannot follow (an unknown form, a reference not yet
+    resolved in a ``type:``): a column named ``password`` hides no more than its mask's inputs."""
+    return any(part in _SECRET_KEYS for part in loc)
 
 
 # -- secrets an export masked ---------------------------------------------------------------
@@ -215,10 +258,11 @@ def resolve_references(marked: Marked, data: Any, env: Mapping[str, str]) -> lis
     for container, loc in _containers(data, []):
         for key in range(len(container)) if isinstance(container, list) else list(container):
             if isinstance(value := container[key], str):
+                where = [*loc, _part(container, key)]
                 try:
-                    container[key] = marked.resolve(value, env)
+                    container[key] = marked.resolve(value, env, secret=_is_secret(where))
                 except InterpolationError as exc:
-                    problems.append(f"{format_path([*loc, _part(container, key)])}: {exc}")
+                    problems.append(f"{format_path(where)}: {exc}")
     return problems
 
 
@@ -279,10 +323,6 @@ def _is_tag(part: str | int) -> bool:
     """Pydantic adds a union member's name to the location (``str``, ``list[str]``)."""
     return isinstance(part, str) and (part in ("str", "int", "bool", "null") or "[" in part
                                       or part.startswith(("function-", "form:")))
-
-
-def _is_secret(loc: Location) -> bool:
-    return any(part in _SECRET_KEYS for part in loc)
 
 
 def _show(value: Any) -> str:

@@ -53,6 +53,7 @@ from config.shaping import (
     TransformFunction,
     function_spec,
 )
+from core.display import display_url
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Milliseconds = Annotated[int, Field(gt=0)]
@@ -205,6 +206,7 @@ class DatabaseConfig(Section):
         "tables": "the publication decides which tables are captured; filter per sink with source.*",
         "ipv6": "libpq tries every address the hostname resolves to, IPv6 and IPv4",
     }
+    secret_keys: ClassVar[frozenset[str]] = frozenset({"url"})  # Sequin's, with the password
 
     name: str = Field(min_length=1)
     #: ``metadata.database.id``: Sequin's id of this database (``sequin config export`` writes
@@ -446,8 +448,9 @@ class NatsDestination(Section):
     type: Literal["nats"]
     host: str | None = None
     port: Port = 4222
-    #: Several servers (``nats://a:4222``); replaces host/port.
-    servers: list[str] | None = Field(default=None, min_length=1)
+    #: Several servers (``nats://a:4222``); replaces host/port. A URL may hold credentials
+    #: (``nats://user:password@a:4222``, ``nats://token@a:4222``): walflow never prints them.
+    servers: list[str] | None = Field(default=None, min_length=1, repr=False)
     username: str | None = None
     password: SecretStr | None = None
     #: A token the server's ``authorization { token: … }`` expects (instead of a user), or an
@@ -499,7 +502,7 @@ class NatsDestination(Section):
     confirm_delay_ms: int = Field(default=150_000, ge=0)
     #: The servers' monitoring endpoints (``http://nats-1:8222``): ``walflow check`` reads each
     #: one's sync policy there (``/varz``) to say whether ``confirm_delay_ms`` covers it.
-    monitoring_urls: list[HttpUrl] | None = Field(default=None, min_length=1)
+    monitoring_urls: list[HttpUrl] | None = Field(default=None, min_length=1, repr=False)
 
     @model_validator(mode="after")
     def _connection(self) -> NatsDestination:
@@ -545,6 +548,11 @@ class NatsDestination(Section):
         scheme = "tls" if self.uses_tls else "nats"
         return [f"{scheme}://{self.host}:{self.port}"]
 
+    @property
+    def display_urls(self) -> list[str]:
+        """``server_urls`` as walflow prints them, ``scheme://host:port``: a URL may hold
+        credentials (:func:`core.display.display_url`)."""
+        return [display_url(url) for url in self.server_urls]
 
 
 #: Where a sink publishes, chosen by its ``type``. One kind today (NATS JetStream); another is

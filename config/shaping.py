@@ -133,7 +133,7 @@ class Condition(Section):
     """One condition on a column's value: exactly one operator. Values are compared as the
     column's type (a number with a number, a timestamp with an ISO 8601 text, …)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, populate_by_name=True)
 
     #: The column tested (its name in the database: filters run before ``columns`` renames).
     column: str | None = None

@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
+from core.display import fatal_line
 from core.errors import FatalError, InternalError, RestartRequired
 from core.metrics import Metrics
 
@@ -107,7 +108,7 @@ class Runtime:
         """Stop for an error an operator must act on: one line and exit 2, or raise it."""
         if not self.exit_on_fatal:
             raise exc
-        print(f"walflow: {exc}", file=sys.stderr, flush=True)
+        print(fatal_line(exc), file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(FATAL_EXIT)
 

@@ -35,6 +35,7 @@ from connectors.nats.state import SinkMemory
 from connectors.nats.target import SinkTarget
 from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
+from core.display import fatal_line
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, RESTARTED, Runtime
 from dataflows.engine import apply_default_epoch, publishes_here, slots_here, this_cluster
@@ -188,7 +189,7 @@ def _load() -> Dataflow:
         tune_gc()
         return flow
     except FatalError as exc:
-        print(f"walflow: {exc}", file=sys.stderr)
+        print(fatal_line(exc), file=sys.stderr)
         raise SystemExit(FATAL_EXIT) from None
 
 

@@ -38,6 +38,7 @@ from nats.aio.client import RawCredentials
 
 from config.schema import NatsDestination
 from connectors.nats.natspy import TlsNotStarted, WalflowClient
+from core.display import display_url
 from core.errors import FatalError, NatsAuthError, NatsPermissionError, NatsTlsError, WalflowError, nats_error
 from core.metrics import Metrics
 
@@ -149,7 +150,7 @@ def refused_at_connect(exc: BaseException, dest: NatsDestination, name: str, ser
             "(tls_cert_file, tls_key_file), and that tls_handshake_first matches its tls { handshake_first }"
         )
     if sorted_as(exc) is NatsAuthError:
-        return NatsAuthError(f"NATS at {', '.join(dest.server_urls)} refused the credentials of sink connection "
+        return NatsAuthError(f"NATS at {', '.join(dest.display_urls)} refused the credentials of sink connection "
                              f"'{name}' ({exc}): check {_credentials_hint(dest)} against the server's users or accounts")
     return None
 def _disconnect_cause(exc: BaseException | None) -> str:
@@ -162,9 +163,10 @@ def _disconnect_cause(exc: BaseException | None) -> str:
 
 
 def _netloc(client: WalflowClient | None) -> str:
-    """``nats://host:port`` of the server ``client`` is connected to ("" while it is not)."""
+    """``nats://host:port`` of the server ``client`` is connected to ("" while it is not): never
+    the credentials its URL may hold (it is a metric's label too)."""
     url = client.connected_url if client is not None else None
-    return f"{url.scheme}://{url.netloc}" if url is not None else ""
+    return display_url(url.geturl()) if url is not None else ""
 
 
 def sorted_as(exc: BaseException) -> type[WalflowError]:
@@ -197,9 +199,9 @@ def permission_error(nc: WalflowClient, dest: NatsDestination, doing: str) -> Na
         return None
     who = f"user '{dest.username}'" if dest.username is not None else "the sink's NATS user"
     return NatsPermissionError(
-        f"NATS at {', '.join(dest.server_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
+        f"NATS at {', '.join(dest.display_urls)} refused {doing} ({violation.removeprefix('nats: ')}): grant {who} "
         "that subject: docs/nats-permissions.conf lists each one walflow uses (its stream's and bucket's JetStream "
-        "API subjects, and subscribe on its replies' inbox prefix)"
+        f"API subjects, and subscribe on {dest.inbox_prefix}.>, its replies)"
     )
 
 
@@ -220,7 +222,7 @@ async def connect(dest: NatsDestination, name: str, metrics: Metrics | None = No
     reconnects (else nobody's)."""
     warn = RateLimitedLog()
     options = connect_options(dest, name)
-    servers = ", ".join(dest.server_urls)
+    servers = ", ".join(dest.display_urls)
     connecting = True
     metrics = metrics or Metrics()
     reconnects, connected = metrics.reconnects, metrics.nats_connected

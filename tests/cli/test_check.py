@@ -227,7 +227,7 @@ def test_the_probes_connection_sends_nothing_that_would_change_jetstream(nats_sr
 
 @pytest.mark.parametrize(("jetstream", "delay_ms", "level", "says"), [
     ("sync_interval: always", 0, "pass", "the servers sync every write: confirm_delay_ms (0 s) covers it"),
-    ("sync_interval: 30s", 20_000, "warn", "confirm_delay_ms (20 s) is shorter than http://127.0.0.1:{port}/'s "
+    ("sync_interval: 30s", 20_000, "warn", "confirm_delay_ms (20 s) is shorter than http://127.0.0.1:{port}'s "
                                            "sync_interval (30 s)"),
     ("", 150_000, "pass", "the servers sync every 120 s at most: confirm_delay_ms (150 s) covers it"),
 ], ids=["always", "shorter-than-sync", "default"])
