@@ -15,17 +15,14 @@ is assumed and said to be.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any, Final
 
-from cli.probe import Finding, Level, ProbeClient
+from cli.probe import NO_PROXY, Finding, Level, ProbeClient
 from config.schema import SinkConfig
 from core.display import display_url
 
 #: JetStream's ``sync_interval`` when a server's config sets none (nats-server 2.10–2.15).
 DEFAULT_SYNC_INTERVAL: Final = 120.0
-_NO_PROXY: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _secs(seconds: float) -> str:
@@ -36,7 +33,7 @@ def sync_policy(url: str) -> tuple[float | None, str | None]:
     """A server's sync interval in seconds from its ``/varz`` (0: every write is synced), or
     None and why it could not be read."""
     try:
-        with _NO_PROXY.open(f"{url.rstrip('/')}/varz", timeout=3) as reply:
+        with NO_PROXY.open(f"{url.rstrip('/')}/varz", timeout=3) as reply:
             varz: dict[str, Any] = json.loads(reply.read())
     except (OSError, ValueError) as exc:
         return None, f"{display_url(url)}/varz did not answer ({getattr(exc, 'reason', exc)})"

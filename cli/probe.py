@@ -608,6 +608,11 @@ async def may_subscribe(nc: ProbeClient, subject: str) -> bool:
 
 # -- the pipeline's health endpoint -----------------------------------------------------------
 
+#: What walflow's commands ask over HTTP (``/readyz``, the NATS servers' ``/varz``) goes
+#: straight to the address in the config: never through an ``HTTP_PROXY`` of the
+#: environment, which would see the endpoint's credentials and could answer in its place.
+NO_PROXY: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 @dataclass(frozen=True, slots=True)
 class Health:
@@ -620,13 +625,15 @@ class Health:
     slots: tuple[dict[str, Any], ...] = ()
     #: Why it did not answer.
     problem: str | None = None
+    #: It answered 401: it wants other credentials than the config's ``walflow.health`` gives.
+    denied: bool = False
 
     def slot(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.slots if s.get("slot") == name), None)
 
     def as_json(self) -> dict[str, object]:
         return {"url": self.url, "answering": self.answering, "ready": self.ready, "slots": list(self.slots),
-                "problem": self.problem}
+                "problem": self.problem, "denied": self.denied}
 
 
 def health_url(settings: HealthSettings) -> str:
@@ -635,16 +642,22 @@ def health_url(settings: HealthSettings) -> str:
 
 
 def read_health(settings: HealthSettings) -> Health:
-    """Ask ``/readyz`` (503 is an answer too: not ready, with the details)."""
+    """Ask ``/readyz`` (503 is an answer too: not ready, with the details), with the
+    endpoint's credentials when it has some."""
     url = health_url(settings)
+    request = urllib.request.Request(url)
+    if settings.authorization is not None:
+        request.add_unredirected_header("Authorization", settings.authorization)
     try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
+        with NO_PROXY.open(request, timeout=2) as reply:
             code, raw = reply.status, reply.read()
     except urllib.error.HTTPError as exc:
         code, raw = exc.code, exc.read()
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return Health(url, False, problem=str(reason) or type(exc).__name__)
+    if code == 401:
+        return Health(url, False, problem="HTTP 401: it wants credentials this config does not give", denied=True)
     try:
         body = json.loads(raw)
         slots = tuple(body["slots"])

@@ -393,6 +393,9 @@ def judge_pipeline(config: Config, config_file: str, health: Health | None, read
     if health is None:
         return [Finding(about, Level.INFO, "health endpoint off (walflow.health.enabled: false): whether walflow runs "
                         "is told by the slots' holders")]
+    if health.denied:
+        return [Finding(about, Level.WARN, f"the health endpoint at {health.url} refused this config's credentials "
+                        "(HTTP 401)", "give walflow.health the token (or username and password) the pipeline runs with")]
     if not health.answering:
         if read_by_walflow:
             return [Finding(about, Level.INFO, f"health endpoint not answering at {health.url} ({health.problem}): "

@@ -63,7 +63,7 @@ BASE: dict[str, Any] = {
 }
 
 #: The environment the examples' references are resolved in.
-_ENV = {"PGPASSWORD": "example", "NATS_PASSWORD": "example", "WALFLOW_MASK_SECRET": "example",
+_ENV = {"PGPASSWORD": "example", "NATS_PASSWORD": "example", "WALFLOW_MASK_SECRET": "example", "WALFLOW_HEALTH_TOKEN": "example",
         "TAX_ID_MASK_SECRET": "example"}
 
 #: One example per section (by :attr:`_Section.key`), as YAML from the top of the file; checked in place of
@@ -390,7 +390,10 @@ walflow:
 """,
     "walflow.health": """\
 walflow:
-  health: {enabled: true, host: 0.0.0.0, port: 9187}
+  health:
+    host: 0.0.0.0                   # beyond loopback: give it credentials
+    port: 9187
+    token: ${WALFLOW_HEALTH_TOKEN}  # or username and password (HTTP basic)
 """,
 }
 

@@ -15,6 +15,7 @@ its default and a comment on why that default.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -836,11 +837,45 @@ class BackfillSettings(_ReadsChanges):
 
 
 class HealthSettings(Section):
-    """The HTTP health endpoint (``/healthz``, ``/readyz``)."""
+    """The HTTP health endpoint (``/healthz``, ``/readyz``, ``/metrics``). With credentials
+    set, ``/readyz`` and ``/metrics`` answer only requests that carry them (HTTP basic
+    with username and password, or a bearer token); ``/healthz`` says only that the process
+    answers, so it stays open for liveness probes, which carry no credentials."""
 
     enabled: bool = True
+    #: Loopback by default; another address lets other hosts read the endpoint: set credentials then.
     host: str = "127.0.0.1"
     port: Port = 9187
+    #: HTTP basic authentication, with ``password``.
+    username: str | None = Field(default=None, min_length=1)
+    #: ``${WALFLOW_HEALTH_PASSWORD}``.
+    password: SecretStr | None = None
+    #: A bearer token (``Authorization: Bearer …``) instead of username and password:
+    #: ``${WALFLOW_HEALTH_TOKEN}``.
+    token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> HealthSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together: set both or neither")
+        if self.token is not None and self.username is not None:
+            raise ValueError("set either token or username and password, not both")
+        for key in ("password", "token"):
+            secret: SecretStr | None = getattr(self, key)
+            if secret is not None and not secret.get_secret_value():
+                raise ValueError(f"{key} is empty: an endpoint open to anyone who sends it; is its variable set?")
+        return self
+
+    @property
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header a request must carry (what ``walflow status`` sends),
+        None when the endpoint is open."""
+        if self.token is not None:
+            return f"Bearer {self.token.get_secret_value()}"
+        if self.username is not None and self.password is not None:
+            pair = f"{self.username}:{self.password.get_secret_value()}".encode()
+            return f"Basic {base64.b64encode(pair).decode()}"
+        return None
 
 
 class WalflowSettings(Section):

@@ -181,7 +181,7 @@ def _load() -> Dataflow:
         if (epoch := apply_default_epoch()) is not None:
             log_flow.info("epochs of %g s (bytewax.run was given no -s)", epoch.total_seconds())
         if config.walflow.health.enabled:
-            serve_health(runtime, config.walflow.health.host, config.walflow.health.port)
+            serve_health(runtime, config.walflow.health)
         directory = recovery_dir(sys.argv[1:], os.environ)
         if directory is not None:
             prepare_recovery(directory, config.walflow.recovery_partitions)

@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.loader import format_path, parse_config
-from config.schema import Config
+from config.schema import Config, HealthSettings
 from embedded import NatsServer, PostgresServer, wait_for
 from embedded._process import free_port
 from tests.backfill.helpers import log_text, walflow
@@ -50,6 +50,7 @@ def canary(what: str) -> str:
 NATS_USER = "canary"
 NATS_PASSWORD = canary("natspw")
 #: The roles the pipeline logs in as: one given by a ``url:``, one by ``password:``.
+HEALTH_PASSWORD = canary("healthpassword")
 PG_ROLES = {"url": ("canary_url", canary("pgurl")), "fields": ("canary_fields", canary("pgpw"))}
 DATABASE, TABLE = "canaries", "public.accounts"
 
@@ -199,8 +200,12 @@ def _config(setup: Setup, form: str, *, log_format: str = "text", health_port: i
             "destination": {"type": "nats", "servers": [f"nats://127.0.0.1:{nats_port}"], **keys},
         } for way, keys in (("signed", {"jwt": signed[0], "nkey_seed": signed[1]}), ("other", {})))],
         "walflow": {"log_level": "debug", "log_format": log_format,
-                    "health": {"enabled": bool(health_port), "port": health_port or 9187}},
+                    # basic credentials beside the url form, a bearer token (filled by the walk) beside the other
+                    "health": {"enabled": bool(health_port), "port": health_port or 9187,
+                               **({"username": "prom", "password": HEALTH_PASSWORD} if form == "url" else {})}},
     }
+    if form == "url":
+        canaries.append(HEALTH_PASSWORD)  # given, not filled: a password needs its username beside it
     fill_secrets(data, canaries)
     return data, canaries
 
@@ -269,10 +274,10 @@ def _commands(config: Path) -> dict[str, str]:
     return out
 
 
-def _get(port: int, path: str, token: str | None = None) -> tuple[int, str]:
-    """A health endpoint's status and body (0 and "" while nothing listens); ``token``: the
-    endpoint's bearer token, when the config gives it one."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def _get(port: int, path: str, authorization: str | None = None) -> tuple[int, str]:
+    """A health endpoint's status and body (0 and "" while nothing listens); ``authorization``:
+    the header the endpoint's credentials make, when the config gives it some."""
+    headers = {"Authorization": authorization} if authorization else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers),
                                     timeout=5) as reply:
@@ -283,9 +288,9 @@ def _get(port: int, path: str, token: str | None = None) -> tuple[int, str]:
         return 0, ""
 
 
-def _ready(port: int, token: str | None) -> bool:
+def _ready(port: int, authorization: str | None) -> bool:
     """``/readyz`` says ready, for the slot (it says so before the slot is registered, too)."""
-    code, body = _get(port, "/readyz", token)
+    code, body = _get(port, "/readyz", authorization)
     return code == 200 and '"slot": ' in body
 
 
@@ -313,7 +318,8 @@ def test_a_running_pipeline_writes_no_secret(setup: Setup, canary_nats: NatsServ
     port = free_port()
     data, canaries = _config(setup, form, log_format=log_format, health_port=port)
     config = _write(setup, f"running-{form}", data)
-    token = data["walflow"]["health"].get("token")  # a secret the walk filled in, if the endpoint has one
+    # the credentials the walk filled in (a token, or a password beside the username)
+    token = HealthSettings.model_validate(data["walflow"]["health"]).authorization
     outputs: dict[str, str | bytes] = {}
     with pipeline(config, "-s", "1") as proc:
         wait_for(lambda: _ready(port, token), timeout=90, what="the pipeline to be ready", check=lambda: assert_running(proc))
