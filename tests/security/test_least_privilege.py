@@ -41,17 +41,12 @@ NATS_PASSWORD = "walflow-nats-test"
 ADMIN = "admin"
 #: config/walflow.yaml's names, which docs/nats-permissions.conf is written for.
 PREFIX, STREAM, INBOX = "walflow", "WALFLOW", "_INBOX_walflow"
-#: destination.inbox_prefix (issue 27's NATS part) may not have landed yet: until it has, replies
-#: arrive under nats-py's _INBOX, and the user must be let read those.
-INBOX_PREFIX = "inbox_prefix" in NatsDestination.model_fields
 
 
 def nats_authorization() -> str:
     """docs/nats-permissions.conf with the test's password, and beside walflow's user an admin
     (every permission) and ``nobucket``: walflow's permissions but the lookup of its bucket."""
     text = NATS_RECIPE.read_text().replace("$WALFLOW_NATS_PASSWORD", json.dumps(NATS_PASSWORD))
-    if not INBOX_PREFIX:
-        text = text.replace(f'"{INBOX}.>"', '"_INBOX.>"')
     start, end = text.index("    {\n      user: walflow"), text.index("\n  ]\n")
     nobucket = text[start:end].replace("user: walflow", "user: nobucket").replace(
         '"$JS.API.STREAM.INFO.KV_walflow_state"\n', "")
@@ -125,7 +120,7 @@ def minimal_config(tmp_path: Path, database: Database, nats: NatsServer, names: 
                    **sink: Any) -> Path:
     """A config that logs in as walflow's role and as the NATS recipe's user, with its names."""
     destination = {"username": "walflow", "password": NATS_PASSWORD, "subject_prefix": PREFIX,
-                   "stream": {"name": STREAM}, **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})}
+                   "stream": {"name": STREAM}, "inbox_prefix": INBOX}
     config = write_config(tmp_path, database, nats, names, [{"name": "shop-sink", **sink, "destination": destination}],
                           backfill={"initial_chunk_rows": 100})
     return edit(config, lambda data: data["databases"][0].update(username=roles.walflow, password=ROLE_PASSWORD))
@@ -217,9 +212,8 @@ def test_check_finds_nothing_missing_and_nothing_more_than_needed(
     out.finding("pass", f"role '{roles.walflow}' may SELECT every table the sinks read")
     out.finding("pass", "may look up walflow's key-value bucket (KV_walflow_state)")
     out.finding("pass", "user 'walflow' may not delete streams (not all of JetStream's API, $JS.API.>, is granted)")
-    if INBOX_PREFIX:
-        out.finding("pass", f"replies arrive under {INBOX}.>, and user 'walflow' may not read the account's other "
-                            "replies (_INBOX.>)")
+    out.finding("pass", f"replies arrive under {INBOX}.>, and user 'walflow' may not read the account's other "
+                        "replies (_INBOX.>)")
 
 
 def test_check_names_a_superuser_and_a_user_with_all_of_jetstream_as_more_than_needed(
@@ -230,7 +224,7 @@ def test_check_names_a_superuser_and_a_user_with_all_of_jetstream_as_more_than_n
         conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
         conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE items").format(sql.Identifier(names.publication)))
     config = write_config(tmp_path, database, minimal_nats, names, [{"name": "s", "destination": {
-        "subject_prefix": PREFIX, "stream": {"name": STREAM}, **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})}}])
+        "subject_prefix": PREFIX, "stream": {"name": STREAM}, "inbox_prefix": INBOX}}])
     out = _check(_nats_user(config, ADMIN))
     assert out.code == 0, out.text  # more than needed is a warning: the pipeline would run
     warned = _findings(out, "warn")
@@ -241,10 +235,9 @@ def test_check_names_a_superuser_and_a_user_with_all_of_jetstream_as_more_than_n
         "user 'admin' may delete streams (probed with one that cannot exist): more than walflow needs; with "
         "$JS.API.> it may delete or purge every stream of the account":
             "grant it only the subjects walflow uses (docs/nats-permissions.conf)",
+        "user 'admin' may subscribe to _INBOX.>, where the account's other users get their replies: it can read "
+        "them": f"grant it subscribe on {INBOX}.> only, its replies' prefix (docs/nats-permissions.conf)",
     }
-    if INBOX_PREFIX:
-        expected["user 'admin' may subscribe to _INBOX.>, where the account's other users get their replies: it "
-                 "can read them"] = f"grant it subscribe on {INBOX}.> only, its replies' prefix (docs/nats-permissions.conf)"
     assert warned == expected, out.text
     note = out.finding("info", "every role of the database may write logical messages into walflow's slot")
     assert "REVOKE EXECUTE" in note["fix"]
@@ -316,18 +309,16 @@ def test_check_names_each_missing_privilege_with_the_grant_quoted(
 def test_the_probes_tell_what_the_user_may_from_what_it_may_not(minimal_nats: NatsServer) -> None:
     """Subscribing to its replies' prefix, to nats-py's shared one, to its own subjects (which it
     only publishes on); deleting a stream: for walflow's user and for the admin."""
-    own = INBOX if INBOX_PREFIX else SHARED_INBOX
-
     async def probe(user: str) -> tuple[str, list[bool], bool]:
         dest = NatsDestination.model_validate({"type": "nats", "servers": [minimal_nats.url], "username": user,
                                                "password": NATS_PASSWORD,
-                                               **({"inbox_prefix": INBOX} if INBOX_PREFIX else {})})
+                                               "inbox_prefix": INBOX})
         nc = await open_nats(dest, "walflow:test")
         try:
-            subscribed = [await may_subscribe(nc, s) for s in (f"{own}.probe", f"{SHARED_INBOX}.probe", f"{PREFIX}.x")]
+            subscribed = [await may_subscribe(nc, s) for s in (f"{INBOX}.probe", f"{SHARED_INBOX}.probe", f"{PREFIX}.x")]
             return nc.reply_prefix, subscribed, await may_delete_streams(nc)
         finally:
             await close_nats(nc)
 
-    assert asyncio.run(probe("walflow")) == (own, [True, not INBOX_PREFIX, False], False)
-    assert asyncio.run(probe(ADMIN)) == (own, [True, True, True], True)
+    assert asyncio.run(probe("walflow")) == (INBOX, [True, False, False], False)
+    assert asyncio.run(probe(ADMIN)) == (INBOX, [True, True, True], True)
