@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import unquote, urlsplit
 
 import nats
 import psycopg
@@ -80,12 +81,24 @@ class Nats(Protocol):
 
     @property
     def running(self) -> bool: ...
+    #: What clients connect with (the login in it), where it listens as walflow prints it, and
+    #: the login as a walflow destination's keys.
     @property
     def url(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def login(self) -> dict[str, str]: ...
     def start(self) -> object: ...
     def stop(self) -> None: ...
     def kill(self) -> None: ...
     def restart(self) -> None: ...
+
+
+def nats_destination(server: Nats) -> dict[str, object]:
+    """A walflow destination's keys that reach ``server``: ``host``, ``port`` and its login."""
+    parts = urlsplit(server.address)
+    return {"host": parts.hostname, "port": parts.port, **server.login}
 
 
 def _needs_embedded(what: str, variable: str) -> None:
@@ -121,6 +134,10 @@ class ExternalNats:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        parts = urlsplit(url)
+        self.address = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+        self.login = {} if parts.username is None else {"username": unquote(parts.username),
+                                                        "password": unquote(parts.password or "")}
 
     def start(self) -> object:
         return self

@@ -23,16 +23,15 @@ from core.errors import StreamSetupError
 from core.events import TRANSACTION_END, Message
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames
+from tests.harness import Nats, TestNames, nats_destination
 
 runtime = Runtime()
 
 
 @pytest.fixture
 def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return NatsDestination.model_validate({
-        "type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix,
         "stream": {"name": names.stream}, "ack_timeout_ms": 2000})
 
 

@@ -22,16 +22,15 @@ from core.errors import PermanentPublishError
 from core.ids import IdScheme
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames
+from tests.harness import Nats, TestNames, nats_destination
 from transforms.route import replay_subjects
 
 runtime = Runtime()
 
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     prefix = names.subject_prefix
-    return {"type": "nats", "host": host, "port": int(port), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+    return {"type": "nats", **nats_destination(nats_srv), "subject_prefix": prefix, "ack_timeout_ms": 2000,
             "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.tenants.>"]}, **keys}
 
 

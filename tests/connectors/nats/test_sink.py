@@ -19,18 +19,16 @@ from core.events import Message
 from core.runtime import Runtime
 from embedded import wait_for
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames
+from tests.harness import Nats, TestNames, nats_destination
 
 runtime = Runtime()
 
 
 def _dest(nats_srv: Nats, names: TestNames, **stream: object) -> NatsDestination:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return NatsDestination.model_validate(
         {
             "type": "nats",
-            "host": host,
-            "port": int(port),
+            **nats_destination(nats_srv),
             "subject_prefix": names.subject_prefix,
             "stream": {"name": names.stream, "duplicate_window_ms": 60_000, **stream},
             "ack_timeout_ms": 2000,

@@ -27,7 +27,7 @@ from core.errors import StreamSetupError
 from core.runtime import Runtime
 from core.subjects import database_subjects
 from tests.connectors.nats.clients import message, nats_client
-from tests.harness import Nats, TestNames, delete_stream
+from tests.harness import Nats, TestNames, delete_stream, nats_destination
 
 runtime = Runtime()
 
@@ -46,8 +46,7 @@ def default_stream(nats_srv: Nats) -> Iterator[str]:
 
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    return {"type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix, **keys}
+    return {"type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix, **keys}
 
 
 def _dest(nats_srv: Nats, names: TestNames, **keys: Any) -> NatsDestination:

@@ -13,16 +13,15 @@ from connectors.nats.state import SinkMemory
 from connectors.nats.target import SinkTarget
 from core.runtime import Runtime
 from core.subjects import database_subjects
-from tests.harness import Nats, TestNames
+from tests.harness import Nats, TestNames, nats_destination
 
 runtime = Runtime()
 
 
 def _sink(nats_srv: Nats, names: TestNames, **keys: Any) -> SinkConfig:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return SinkConfig.model_validate({
         "name": "orders", "database": "app",
-        "destination": {"type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "destination": {"type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix,
                         "stream": {"name": names.stream}},
         **keys,
     })
