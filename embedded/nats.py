@@ -96,12 +96,12 @@ class NatsServer(EmbeddedServer):
     def _argv(self) -> list[str]:
         assert self.base is not None
         config = self.base / "nats.conf"
-        tls = ""
+        blocks = ""  # the tls and authorization blocks
         if self.tls is not None:
             cert, key = (json.dumps(str(self.base / name)) for name in ("server.crt", "server.key"))
-            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  {self.tls_config}\n}}\n"
+            blocks = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  {self.tls_config}\n}}\n"
         if self.password is not None:
-            tls += f"authorization {{\n  user: {USER}\n  password: {json.dumps(self.password)}\n}}\n"
+            blocks += f"authorization {{\n  user: {USER}\n  password: {json.dumps(self.password)}\n}}\n"
         config.write_text(
             f"listen: {self.host}:{self.port}\n"
             f"http: {self.host}:{self.http_port}\n"
@@ -111,7 +111,7 @@ class NatsServer(EmbeddedServer):
             "  max_file_store: 8GB\n"
             f"  {self.jetstream_config}\n"
             "}\n"
-            f"{tls}"
+            f"{blocks}"
             f"{self.extra_config}\n"
         )
         return [str(self.binary), "-c", str(config)]
@@ -140,6 +140,11 @@ class NatsServer(EmbeddedServer):
     def login(self) -> dict[str, str]:
         """A walflow destination's ``username`` and ``password`` for this server (none if it needs none)."""
         return {} if self.password is None else {"username": USER, "password": self.password}
+
+    @property
+    def destination(self) -> dict[str, Any]:
+        """A walflow NATS destination's keys that reach this server: ``host``, ``port``, the login."""
+        return {"host": self.host, "port": self.port, **self.login}
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM): JetStream flushes its store."""
@@ -317,7 +322,13 @@ class NatsCluster:
 
     @property
     def login(self) -> dict[str, str]:
+        """The login every node lets in (they share one: a client may connect to any of them)."""
         return self.nodes[0].login
+
+    @property
+    def destination(self) -> dict[str, Any]:
+        """A walflow NATS destination's keys that reach every node: ``servers`` (no ``host``), the login."""
+        return {"host": None, "servers": self.addresses, **self.login}
 
     @property
     def url(self) -> str:

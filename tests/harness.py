@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import nats
@@ -82,23 +82,17 @@ class Nats(Protocol):
     @property
     def running(self) -> bool: ...
     #: What clients connect with (the login in it), where it listens as walflow prints it, and
-    #: the login as a walflow destination's keys.
+    #: a walflow NATS destination's keys that reach it (``host``, ``port``, the login).
     @property
     def url(self) -> str: ...
     @property
     def address(self) -> str: ...
     @property
-    def login(self) -> dict[str, str]: ...
+    def destination(self) -> dict[str, Any]: ...
     def start(self) -> object: ...
     def stop(self) -> None: ...
     def kill(self) -> None: ...
     def restart(self) -> None: ...
-
-
-def nats_destination(server: Nats) -> dict[str, object]:
-    """A walflow destination's keys that reach ``server``: ``host``, ``port`` and its login."""
-    parts = urlsplit(server.address)
-    return {"host": parts.hostname, "port": parts.port, **server.login}
 
 
 def _needs_embedded(what: str, variable: str) -> None:
@@ -136,8 +130,9 @@ class ExternalNats:
         self.url = url
         parts = urlsplit(url)
         self.address = f"{parts.scheme}://{parts.hostname}:{parts.port}"
-        self.login = {} if parts.username is None else {"username": unquote(parts.username),
-                                                        "password": unquote(parts.password or "")}
+        login = {} if parts.username is None else {"username": unquote(parts.username),
+                                                   "password": unquote(parts.password or "")}
+        self.destination: dict[str, Any] = {"host": parts.hostname, "port": parts.port, **login}
 
     def start(self) -> object:
         return self

@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from embedded import wait_for
 from embedded._process import Account, ServerProcess
-from tests.harness import Database, Nats, TestNames, nats_destination, slot_active, slot_confirmed
+from tests.harness import Database, Nats, TestNames, slot_active, slot_confirmed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def write_config(
             {
                 "database": "shop",
                 **sink,
-                "destination": {"type": "nats", **nats_destination(nats_srv), "confirm_delay_ms": 0,
+                "destination": {"type": "nats", **nats_srv.destination, "confirm_delay_ms": 0,
                                 **sink.get("destination", {})},
             }
             for sink in sinks

@@ -23,7 +23,7 @@ from core.errors import StreamSetupError
 from core.events import TRANSACTION_END, Message
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames, nats_destination
+from tests.harness import Nats, TestNames
 
 runtime = Runtime()
 
@@ -31,7 +31,7 @@ runtime = Runtime()
 @pytest.fixture
 def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
     return NatsDestination.model_validate({
-        "type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix,
+        "type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
         "stream": {"name": names.stream}, "ack_timeout_ms": 2000})
 
 

@@ -19,7 +19,7 @@ from core.metrics import Metrics
 from core.runtime import Runtime
 from embedded import wait_for
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames, nats_destination
+from tests.harness import Nats, TestNames
 
 runtime = Runtime()
 
@@ -37,7 +37,7 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float:
 @pytest.fixture
 def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
     return NatsDestination.model_validate({
-        "type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix,
+        "type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
         "stream": {"name": names.stream}, "ack_timeout_ms": 2000,
     })
 
@@ -151,7 +151,7 @@ def test_routed_messages_are_counted_by_their_table_and_action_not_their_subject
     its acknowledgement counts under the message's table and action, like a default one's."""
     prefix = names.subject_prefix
     dest = NatsDestination.model_validate({
-        "type": "nats", **nats_destination(nats_srv), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+        "type": "nats", **nats_srv.destination, "subject_prefix": prefix, "ack_timeout_ms": 2000,
         "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.all"]},
     })
     client = runtime.run(connect(dest, name="walflow-test", metrics=metrics))

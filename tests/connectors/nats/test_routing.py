@@ -22,7 +22,7 @@ from core.errors import PermanentPublishError
 from core.ids import IdScheme
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames, nats_destination
+from tests.harness import Nats, TestNames
 from transforms.route import replay_subjects
 
 runtime = Runtime()
@@ -30,7 +30,7 @@ runtime = Runtime()
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
     prefix = names.subject_prefix
-    return {"type": "nats", **nats_destination(nats_srv), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+    return {"type": "nats", **nats_srv.destination, "subject_prefix": prefix, "ack_timeout_ms": 2000,
             "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.tenants.>"]}, **keys}
 
 

@@ -19,7 +19,7 @@ from core.events import Message
 from core.runtime import Runtime
 from embedded import wait_for
 from tests.connectors.nats.clients import message
-from tests.harness import Nats, TestNames, nats_destination
+from tests.harness import Nats, TestNames
 
 runtime = Runtime()
 
@@ -28,7 +28,7 @@ def _dest(nats_srv: Nats, names: TestNames, **stream: object) -> NatsDestination
     return NatsDestination.model_validate(
         {
             "type": "nats",
-            **nats_destination(nats_srv),
+            **nats_srv.destination,
             "subject_prefix": names.subject_prefix,
             "stream": {"name": names.stream, "duplicate_window_ms": 60_000, **stream},
             "ack_timeout_ms": 2000,

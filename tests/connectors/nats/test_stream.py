@@ -27,14 +27,14 @@ from core.errors import StreamSetupError
 from core.runtime import Runtime
 from core.subjects import database_subjects
 from tests.connectors.nats.clients import message, nats_client
-from tests.harness import Nats, TestNames, delete_stream, nats_destination
+from tests.harness import Nats, TestNames, delete_stream
 
 runtime = Runtime()
 
 
 @pytest.fixture
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
-    with nats_client(runtime, nats_srv.url, "walflow-stream-test") as client:
+    with nats_client(runtime, nats_srv, "walflow-stream-test") as client:
         yield client
 
 
@@ -46,7 +46,7 @@ def default_stream(nats_srv: Nats) -> Iterator[str]:
 
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
-    return {"type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix, **keys}
+    return {"type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix, **keys}
 
 
 def _dest(nats_srv: Nats, names: TestNames, **keys: Any) -> NatsDestination:

@@ -13,7 +13,7 @@ from connectors.nats.state import SinkMemory
 from connectors.nats.target import SinkTarget
 from core.runtime import Runtime
 from core.subjects import database_subjects
-from tests.harness import Nats, TestNames, nats_destination
+from tests.harness import Nats, TestNames
 
 runtime = Runtime()
 
@@ -21,7 +21,7 @@ runtime = Runtime()
 def _sink(nats_srv: Nats, names: TestNames, **keys: Any) -> SinkConfig:
     return SinkConfig.model_validate({
         "name": "orders", "database": "app",
-        "destination": {"type": "nats", **nats_destination(nats_srv), "subject_prefix": names.subject_prefix,
+        "destination": {"type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
                         "stream": {"name": names.stream}},
         **keys,
     })
