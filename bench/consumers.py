@@ -286,8 +286,8 @@ async def _publish_async(url: str, messages: list[Message], window: int) -> floa
         await nc.close()
 
 
-async def _ack_publisher(host: str, port: int, messages: list[Message], window: int, batch: int) -> float:
-    nc = await connect(NatsDestination.model_validate({"type": "nats", "host": host, "port": port}), name="bench")
+async def _ack_publisher(nats_keys: dict[str, Any], messages: list[Message], window: int, batch: int) -> float:
+    nc = await connect(NatsDestination.model_validate({"type": "nats", **nats_keys}), name="bench")
     try:
         publisher = AckPublisher(nc, window=window, ack_timeout=10.0, label="bench")
         await publisher.start()
@@ -313,12 +313,11 @@ def sink_ceilings(
     js: JetStream, messages: list[StoredMessage], *, source_prefix: str, tag: str, window: int, batch: int = 1000
 ) -> dict[str, Any]:
     """Publish walflow's own messages again, into a fresh stream per publisher."""
-    host, port = js.url.removeprefix("nats://").rsplit(":", 1)
     results: dict[str, Any] = {"messages": len(messages), "window": window,
                                "avg_payload_bytes": round(sum(len(m.data) for m in messages) / max(len(messages), 1))}
     runs: dict[str, Callable[[list[Message]], Coroutine[Any, Any, float]]] = {
         "publish_async": lambda msgs: _publish_async(js.url, msgs, window),
-        "ack_publisher": lambda msgs: _ack_publisher(host, int(port), msgs, window, batch),
+        "ack_publisher": lambda msgs: _ack_publisher(js.destination, msgs, window, batch),
     }
     for name, publish in runs.items():
         prefix = f"ceil_{name}_{tag}"

@@ -27,6 +27,8 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from embedded.nats import NatsCluster, NatsServer
+
 T = TypeVar("T")
 
 #: Reply subject of a JetStream delivery: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
@@ -55,10 +57,13 @@ class StoredMessage:
 class JetStream:
     """One NATS connection on a private event loop; every method blocks until done."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, server: NatsServer | NatsCluster) -> None:
+        #: What a client connects with (the server's login in it), and what a walflow sink's
+        #: destination says for the same server: the embedded NATS lets in nobody else.
+        self.url = server.url
+        self.destination = server.destination
         self._loop = asyncio.new_event_loop()
-        self.nc = self.run(nats.connect(url, connect_timeout=5, max_reconnect_attempts=0))
+        self.nc = self.run(nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=0))
         # API calls wait up to 30 s, not nats-py's 5: on a saturated 2-core machine a stream_info
         # poll must not end a run that is merely slow
         self.js = self.nc.jetstream(timeout=30)

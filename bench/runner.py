@@ -168,8 +168,6 @@ class Bench:
         self.workdir = workdir
         self.recvlogical = pg.bindir / "pg_recvlogical"
         self.pgbench = find_pgbench(pg.bindir) if options.runs("latency") else pg.bindir / "pgbench"
-        self.nats_host, nats_port = js.url.removeprefix("nats://").rsplit(":", 1)
-        self.nats_port = int(nats_port)
         self.warnings: list[str] = []
 
     def check_noise(self, label: str, figures: dict[str, Any]) -> None:
@@ -180,7 +178,7 @@ class Bench:
             self.warnings.append(f"{label}: other processes on this machine took {other:.0%} of its CPU meanwhile")
 
     def target(self, database: str, slot: str, tag: str) -> Target:
-        return Target(self.pg.port, database, slot, PUBLICATION, self.nats_host, self.nats_port,
+        return Target(self.pg.port, database, slot, PUBLICATION, self.js.destination,
                       stream=f"WF_{tag.upper()}", subject_prefix=f"wf_{tag}")
 
     def timeout(self, changes: int) -> float:
@@ -358,9 +356,9 @@ class Bench:
             self.js.delete_stream(r1.stream)
             _say("cluster: starting a 3-node NATS cluster")
             with NatsCluster(3) as nodes:
-                js = JetStream(nodes.url)
+                js = JetStream(nodes)
                 try:
-                    r3 = dataclasses.replace(self.target(database, "wf_r3", f"{tag}_r3"), servers=tuple(nodes.urls),
+                    r3 = dataclasses.replace(self.target(database, "wf_r3", f"{tag}_r3"), nats=nodes.destination,
                                              replicas=3)
                     label = "cluster R3, 3 nodes"
                     _say(f"{label}: walflow {DEPLOYMENTS['w1'].label}")
@@ -417,7 +415,7 @@ def run(options: Options, out_dir: Path) -> int:
         with PostgresServer(settings=PG_SETTINGS) as pg, NatsServer() as nats_server:
             # every libpq client of the run (walflow, pgbench, pg_recvlogical) logs in through the server's passfile
             os.environ["PGPASSFILE"] = str(pg.passfile)
-            js = JetStream(nats_server.url)
+            js = JetStream(nats_server)
             try:
                 results["environment"] = environment(pg, js)
                 suite = Bench(options, pg, js, workdir)

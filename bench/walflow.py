@@ -76,12 +76,12 @@ class Target:
     database: str
     slot: str
     publication: str
-    nats_host: str
-    nats_port: int
+    #: The sink destination's keys that reach NATS: ``host`` and ``port`` (or a cluster's
+    #: ``servers``) and the embedded server's login (``embedded.nats.NatsServer.destination``).
+    nats: dict[str, Any]
     stream: str
     subject_prefix: str
-    #: Several servers (a cluster's nodes) instead of nats_host/nats_port; the stream's replicas.
-    servers: tuple[str, ...] = ()
+    #: The stream's replicas (3 on a cluster).
     replicas: int = 1
 
 
@@ -175,7 +175,7 @@ def write_config(
                 "initial_backfill": initial_backfill,
                 "destination": {
                     "type": "nats",
-                    **({"servers": list(t.servers)} if t.servers else {"host": t.nats_host, "port": t.nats_port}),
+                    **t.nats,
                     "subject_prefix": t.subject_prefix,
                     "confirm_delay_ms": 0,
                     "stream": {"name": t.stream, "create_if_not_exists": True, "replicas": t.replicas},

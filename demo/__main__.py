@@ -54,6 +54,8 @@ sinks:
       type: nats
       host: 127.0.0.1
       port: {nats_port}
+      username: {nats_user}
+      password: ${{WALFLOW_DEMO_NATS_PASSWORD}}
 walflow:
   log_level: warning
 """
@@ -163,16 +165,17 @@ def main() -> int:
             conn.execute(SCHEMA)
         assert nc.base is not None
         config = nc.base / "walflow-demo.yaml"
-        config.write_text(CONFIG.format(pg_port=pg.port, nats_port=nc.port))
+        config.write_text(CONFIG.format(pg_port=pg.port, nats_port=nc.port, nats_user=nc.login["username"]))
         pipeline = ServerProcess(
             [sys.executable, "-m", "bytewax.run", "dataflows.cdc", "-s", "1"],
             log_path=nc.base / "pipeline.log",
             cwd=ROOT,
             account=Account(os.geteuid(), os.getegid(), "self"),
-            # the server's password reaches walflow through libpq's passfile, never the config file
-            env={**os.environ, "WALFLOW_CONFIG": str(config), "PGPASSFILE": str(pg.passfile)},
+            # the servers' passwords reach walflow through libpq's passfile and the environment, never the config file
+            env={**os.environ, "WALFLOW_CONFIG": str(config), "PGPASSFILE": str(pg.passfile),
+                 "WALFLOW_DEMO_NATS_PASSWORD": nc.login["password"]},
         )
-        print(f"walflow demo: PostgreSQL on 127.0.0.1:{pg.port}, NATS on {nc.url}")
+        print(f"walflow demo: PostgreSQL on 127.0.0.1:{pg.port}, NATS on {nc.address}")
         print("walflow demo: tables public.customers and public.orders -> subjects sequin.demo.public.<table>.<action> (Sequin's)")
         print("walflow demo: the 2 customers that exist already arrive first, as reads (initial_backfill: true)")
         print("walflow demo: events below arrive from JetStream, in order per row (Ctrl-C stops everything)")

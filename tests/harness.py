@@ -16,7 +16,8 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 import nats
 import psycopg
@@ -80,8 +81,14 @@ class Nats(Protocol):
 
     @property
     def running(self) -> bool: ...
+    #: What clients connect with (the login in it), where it listens as walflow prints it, and
+    #: a walflow NATS destination's keys that reach it (``host``, ``port``, the login).
     @property
     def url(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def destination(self) -> dict[str, Any]: ...
     def start(self) -> object: ...
     def stop(self) -> None: ...
     def kill(self) -> None: ...
@@ -121,6 +128,11 @@ class ExternalNats:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        parts = urlsplit(url)
+        self.address = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+        login = {} if parts.username is None else {"username": unquote(parts.username),
+                                                   "password": unquote(parts.password or "")}
+        self.destination: dict[str, Any] = {"host": parts.hostname, "port": parts.port, **login}
 
     def start(self) -> object:
         return self

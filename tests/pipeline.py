@@ -66,7 +66,6 @@ def write_config(
     ``walflow:``, over ``log_level: info`` and the health endpoint switched off.
     """
     params = conninfo_to_dict(db.dsn)
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     config: dict[str, Any] = {
         "databases": [
             {
@@ -84,7 +83,7 @@ def write_config(
             {
                 "database": "shop",
                 **sink,
-                "destination": {"type": "nats", "host": host, "port": int(port), "confirm_delay_ms": 0,
+                "destination": {"type": "nats", **nats_srv.destination, "confirm_delay_ms": 0,
                                 **sink.get("destination", {})},
             }
             for sink in sinks

@@ -47,7 +47,7 @@ def test_a_good_setup_passes_and_the_publish_probe_stores_nothing(
                      "enabled sinks", "may SELECT every table the sinks read",
                      "every published table has a replica identity",
                      f"slot {names.slot} does not exist: walflow creates it at start",
-                     f"NATS at {nats_srv.url} accepts the sink's connection (without credentials)",
+                     f"NATS at {nats_srv.address} accepts the sink's connection (with its credentials)",
                      "JetStream answers $JS.API.INFO",
                      f"stream {names.stream} captures the sink's subjects",
                      f"may publish on {names.subject_prefix}.shop.public.events.insert (stream {names.stream} "
@@ -188,13 +188,13 @@ def test_nats_credentials_and_permissions(
     assert out.code == 1
     failed = {f["about"]: f for f in out.findings if f["level"] == "fail"}
     assert set(failed) == {"sink wrongpw", "sink nojs", "sink nopub"}, out.text
-    assert failed["sink wrongpw"]["text"] == (f"NATS at {auth_nats.url} refused the credentials "
+    assert failed["sink wrongpw"]["text"] == (f"NATS at {auth_nats.address} refused the credentials "
                                               "(nats: 'Authorization Violation')")
     assert failed["sink wrongpw"]["fix"] == "check destination.username ('walflow') and password against the " \
                                             "server's users or accounts"
     assert "wrong-pw" not in out.text
     nojs = failed["sink nojs"]["text"]
-    assert nojs.startswith(f"NATS at {auth_nats.url} refused a $JS.API.INFO request (permissions violation for "
+    assert nojs.startswith(f"NATS at {auth_nats.address} refused a $JS.API.INFO request (permissions violation for "
                            'publish to "$js.api.info"): grant user \'nojs\' that subject: docs/nats-permissions.conf'), nojs
     assert failed["sink nopub"]["text"] == ('NATS refused a publish on denied.shop.public.events.insert (permissions '
                                             'violation for publish to "denied.shop.public.events.insert")')
@@ -203,7 +203,7 @@ def test_nats_credentials_and_permissions(
 
 
 def test_the_probes_connection_sends_nothing_that_would_change_jetstream(nats_srv: Nats, names: TestNames) -> None:
-    dest = NatsDestination.model_validate({"type": "nats", "servers": [nats_srv.url]})
+    dest = NatsDestination.model_validate({"type": "nats", **nats_srv.destination})
 
     async def run() -> list[str]:
         nc = await open_nats(dest, "walflow:test")

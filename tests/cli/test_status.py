@@ -221,7 +221,7 @@ def test_nats_down_under_a_running_pipeline_then_the_slot_stuck(
             writer.join(10)
             nats_srv.start()
     assert out.code == 2 and out.data["verdict"] == "down"
-    unreachable = out.finding("down", f"NATS unreachable at {nats_srv.url}: ")
+    unreachable = out.finding("down", f"NATS unreachable at {nats_srv.address}: ")
     assert out.data["reasons"] == [unreachable["text"]]  # the one thing wrong
     assert "Connect call failed" in unreachable["text"] or "refused" in unreachable["text"].lower()
     assert unreachable["fix"].startswith("start NATS there, or correct the sink's destination")

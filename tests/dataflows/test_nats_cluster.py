@@ -101,7 +101,7 @@ def test_r3_stream_through_failover_keeps_every_change_once_in_order(
         events, out_of_order = check_counters(database, nodes, names.stream, watch)
         log = "\n".join(p.read_text() for p in sorted(tmp_path.glob("walflow*.log")))
     assert "no stream captures subject" not in log  # the stream existed throughout: it lacked a leader at most
-    assert "cannot reach NATS at " + ", ".join(nodes.urls) not in log  # one node is not all of them
+    assert "cannot reach NATS at " + ", ".join(nodes.addresses) not in log  # one node is not all of them
     retries = by_labels(metrics.get("walflow_publish_retries_total", {}), "reason")
     unanswered = by_labels(metrics.get("walflow_publish_failures_total", {}), "code").get(("503",), 0)
     elections = by_labels(metrics.get("walflow_stream_leaderless_seconds_count", {}), "sink").get(("c",), 0)

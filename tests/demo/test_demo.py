@@ -43,8 +43,8 @@ def test_demo_shows_changes_flowing_and_cleans_up() -> None:
     assert re.search(r"subject=sequin\.demo\.public\.orders\.update\s+commit_lsn=\d+", out)
     count = re.search(r"walflow demo: (\d+) events arrived", out)
     assert count and int(count.group(1)) >= 8
-    pg_port = re.search(r"PostgreSQL on 127\.0\.0\.1:(\d+)", out)
-    assert pg_port
+    pg_port = re.search(r"PostgreSQL on 127\.0\.0\.1:(\d+), NATS on nats://127\.0\.0\.1:\d+\n", out)
+    assert pg_port, out  # where NATS listens, without its login
     # the demo's own servers and pipeline (other pipelines may be running on this machine meanwhile)
     leftovers = [c for c, config in _processes() if f"port={pg_port.group(1)}" in c
                  or ("dataflows.cdc" in c and config.endswith("/walflow-demo.yaml"))]

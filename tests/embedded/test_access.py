@@ -1,17 +1,20 @@
 """The embedded servers let in only the user who started them: another local user, who can reach
-127.0.0.1 and the socket directory's name but not the private directory, gets nothing."""
+127.0.0.1 and the socket directory's name but not the private directory, gets nothing. NATS has
+no unix socket to hide: its loopback port asks every client for the server's random login."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 
+import nats
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from embedded import PostgresServer
-from tests.harness import Postgres
+from embedded import NatsServer, PostgresServer
+from tests.harness import Nats, Postgres
 
 
 @pytest.fixture
@@ -52,3 +55,42 @@ def test_postgres_password_lives_only_in_a_private_passfile(server: PostgresServ
     assert (stat.S_IMODE(passfile.st_mode), passfile.st_uid) == (0o600, os.geteuid())
     assert not (server.base / "initdb.pw").exists()
     assert len(server.password) >= 32 and server.password != PostgresServer().password
+
+
+@pytest.fixture
+def nats_server_ours(nats_srv: Nats) -> NatsServer:
+    if not isinstance(nats_srv, NatsServer):
+        pytest.skip("needs the embedded NATS: WALFLOW_TEST_NATS_URL points the tests at an external server")
+    return nats_srv
+
+
+async def _jetstream_streams(url: str) -> int:
+    """How many streams JetStream reports to a client of ``url``: a refused login raises."""
+
+    async def quiet(_: Exception) -> None:
+        """The refusal is raised from connect; nats-py would also log it with a traceback."""
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False, error_cb=quiet)
+    try:
+        return int((await nc.jetstream().account_info()).streams)
+    finally:
+        await nc.close()
+
+
+def test_nats_lets_in_only_a_client_with_the_servers_random_login(nats_server_ours: NatsServer) -> None:
+    server = nats_server_ours
+    stranger = server.address.replace("nats://", "nats://walflow:walflow@")
+    for url in (server.address, stranger):  # no login, a guessed one
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            asyncio.run(_jetstream_streams(url))
+    assert asyncio.run(_jetstream_streams(server.url)) >= 0
+    assert server.login == {"username": "walflow", "password": server.password}
+    assert server.password is not None and server.password not in server.address  # printed, it shows no secret
+    assert len(server.password) >= 32 and server.password != NatsServer().password
+    assert server.base is not None and stat.S_IMODE(server.base.stat().st_mode) == 0o700  # its config holds it
+
+
+@pytest.mark.parametrize("block", ['authorization { token: "theirs" }', "accounts { A: { users: [{user: a}] } }"])
+def test_a_nats_whose_config_says_who_may_connect_gets_no_login_of_ours(block: str) -> None:
+    server = NatsServer(extra_config=f"max_payload: 1MB\n{block}")
+    assert (server.password, server.login, server.url) == (None, {}, server.address)

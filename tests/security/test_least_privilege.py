@@ -61,7 +61,7 @@ def minimal_nats() -> Iterator[NatsServer]:
 
 
 def admin_url(server: NatsServer) -> str:
-    return server.url.replace("nats://", f"nats://{ADMIN}:{NATS_PASSWORD}@")
+    return server.address.replace("nats://", f"nats://{ADMIN}:{NATS_PASSWORD}@")
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ from connectors.nats.natspy import WalflowClient
 from core.events import Message
 from core.runtime import Runtime
 from core.subjects import subject as default_subject
+from tests.harness import Nats
 
 
 @contextmanager
-def nats_client(runtime: Runtime, url: str, name: str) -> Iterator[WalflowClient]:
-    """walflow's client connected to the server at ``url`` (``nats://host:port``), closed afterwards."""
-    host, port = url.removeprefix("nats://").rsplit(":", 1)
-    dest = NatsDestination.model_validate({"type": "nats", "host": host, "port": int(port)})
+def nats_client(runtime: Runtime, server: Nats, name: str) -> Iterator[WalflowClient]:
+    """walflow's client connected to ``server`` (with its login), closed afterwards."""
+    dest = NatsDestination.model_validate({"type": "nats", **server.destination})
     client = runtime.run(connect(dest, name=name))
     try:
         yield client

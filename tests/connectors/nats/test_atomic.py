@@ -30,9 +30,8 @@ runtime = Runtime()
 
 @pytest.fixture
 def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return NatsDestination.model_validate({
-        "type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
         "stream": {"name": names.stream}, "ack_timeout_ms": 2000})
 
 

@@ -43,7 +43,7 @@ def test_a_wrong_nats_password_stops_with_one_line(
     sink = {"name": "events", "destination": {"username": "walflow", "password": "wrong-pw",
                                               "subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
     line = fatal_line(run_to_exit(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
-    assert line.startswith(f"walflow: NATS at {auth_nats.url} refused the credentials"), line
+    assert line.startswith(f"walflow: NATS at {auth_nats.address} refused the credentials"), line
     assert "Authorization Violation" in line
     assert "check destination.username ('walflow') and password" in line
     assert "wrong-pw" not in line  # never the secret itself
@@ -56,7 +56,7 @@ def test_a_user_without_permission_on_the_jetstream_api_stops_with_one_line(
     sink = {"name": "events", "destination": {"username": "nojs", "password": PASSWORD,
                                               "subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
     line = fatal_line(run_to_exit(write_config(tmp_path, database, auth_nats, names, [sink], log_level="warning")))
-    assert line.startswith(f"walflow: NATS at {auth_nats.url} refused a JetStream API request of sink 'events' ("), line
+    assert line.startswith(f"walflow: NATS at {auth_nats.address} refused a JetStream API request of sink 'events' ("), line
     assert 'permissions violation for publish to "$js.api.stream.info.' in line.lower()  # what nats-py reported
     assert "grant user 'nojs' that subject: docs/nats-permissions.conf lists each one walflow uses" in line
 

@@ -95,7 +95,7 @@ def test_a_changed_nats_py_fails_at_import_with_the_version_and_the_pin(monkeypa
 
 @pytest.fixture
 def nc(nats_srv: Nats) -> Iterator[WalflowClient]:
-    with nats_client(runtime, nats_srv.url, "walflow-contract") as client:
+    with nats_client(runtime, nats_srv, "walflow-contract") as client:
         yield client
 
 

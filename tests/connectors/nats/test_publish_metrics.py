@@ -36,9 +36,8 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def dest(nats_srv: Nats, names: TestNames, stream_cleanup: str) -> NatsDestination:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return NatsDestination.model_validate({
-        "type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
         "stream": {"name": names.stream}, "ack_timeout_ms": 2000,
     })
 
@@ -150,10 +149,9 @@ def test_routed_messages_are_counted_by_their_table_and_action_not_their_subject
 ) -> None:
     """A routed subject is a message's own (one per tenant, or one shared by every table):
     its acknowledgement counts under the message's table and action, like a default one's."""
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     prefix = names.subject_prefix
     dest = NatsDestination.model_validate({
-        "type": "nats", "host": host, "port": int(port), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+        "type": "nats", **nats_srv.destination, "subject_prefix": prefix, "ack_timeout_ms": 2000,
         "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.all"]},
     })
     client = runtime.run(connect(dest, name="walflow-test", metrics=metrics))

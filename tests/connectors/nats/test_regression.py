@@ -23,7 +23,7 @@ runtime = Runtime()
 
 @pytest.fixture
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
-    with nats_client(runtime, nats_srv.url, "walflow-regression-test") as client:
+    with nats_client(runtime, nats_srv, "walflow-regression-test") as client:
         yield client
 
 

@@ -21,7 +21,7 @@ OTHER_DB = IdScheme("crm", "s1")
 
 @pytest.fixture
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
-    with nats_client(runtime, nats_srv.url, "walflow-replay-test") as client:
+    with nats_client(runtime, nats_srv, "walflow-replay-test") as client:
         yield client
 
 

@@ -29,9 +29,8 @@ runtime = Runtime()
 
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     prefix = names.subject_prefix
-    return {"type": "nats", "host": host, "port": int(port), "subject_prefix": prefix, "ack_timeout_ms": 2000,
+    return {"type": "nats", **nats_srv.destination, "subject_prefix": prefix, "ack_timeout_ms": 2000,
             "stream": {"name": names.stream, "subjects": [f"{prefix}.app.>", f"{prefix}.tenants.>"]}, **keys}
 
 

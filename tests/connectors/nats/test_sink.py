@@ -25,12 +25,10 @@ runtime = Runtime()
 
 
 def _dest(nats_srv: Nats, names: TestNames, **stream: object) -> NatsDestination:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return NatsDestination.model_validate(
         {
             "type": "nats",
-            "host": host,
-            "port": int(port),
+            **nats_srv.destination,
             "subject_prefix": names.subject_prefix,
             "stream": {"name": names.stream, "duplicate_window_ms": 60_000, **stream},
             "ack_timeout_ms": 2000,

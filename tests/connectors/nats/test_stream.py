@@ -34,7 +34,7 @@ runtime = Runtime()
 
 @pytest.fixture
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
-    with nats_client(runtime, nats_srv.url, "walflow-stream-test") as client:
+    with nats_client(runtime, nats_srv, "walflow-stream-test") as client:
         yield client
 
 
@@ -46,8 +46,7 @@ def default_stream(nats_srv: Nats) -> Iterator[str]:
 
 
 def _destination(nats_srv: Nats, names: TestNames, **keys: Any) -> dict[str, Any]:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
-    return {"type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix, **keys}
+    return {"type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix, **keys}
 
 
 def _dest(nats_srv: Nats, names: TestNames, **keys: Any) -> NatsDestination:

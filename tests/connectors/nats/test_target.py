@@ -19,10 +19,9 @@ runtime = Runtime()
 
 
 def _sink(nats_srv: Nats, names: TestNames, **keys: Any) -> SinkConfig:
-    host, port = nats_srv.url.removeprefix("nats://").rsplit(":", 1)
     return SinkConfig.model_validate({
         "name": "orders", "database": "app",
-        "destination": {"type": "nats", "host": host, "port": int(port), "subject_prefix": names.subject_prefix,
+        "destination": {"type": "nats", **nats_srv.destination, "subject_prefix": names.subject_prefix,
                         "stream": {"name": names.stream}},
         **keys,
     })

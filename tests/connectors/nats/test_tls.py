@@ -89,7 +89,8 @@ def first_nats(pki: Pki) -> Iterator[NatsServer]:
 
 @pytest.fixture(scope="module")
 def mtls_nats(pki: Pki) -> Iterator[NatsServer]:
-    """TLS that verifies clients: only a certificate signed by the test's CA gets in."""
+    """TLS that verifies clients: only a certificate signed by the test's CA gets in (and it logs in
+    with the server's own login, :attr:`NatsServer.login`, as any client of an embedded NATS)."""
     with NatsServer(tls=(pki.cert, pki.key), tls_config=f"verify: true\n  ca_file: {json.dumps(str(pki.ca))}") as server:
         yield server
 
@@ -261,7 +262,7 @@ def test_the_pipeline_through_a_stripping_proxy_stops_with_one_line_and_sends_no
 
 
 def test_tls_to_a_plaintext_server_is_refused_before_connect(nats_srv: Nats) -> None:
-    port = int(nats_srv.url.rsplit(":", 1)[1])
+    port = nats_srv.destination["port"]
     message = _refused(_dest(port, host="127.0.0.1", tls=True))
     assert message.startswith(f"NATS at 127.0.0.1:{port} did not start TLS"), message
 
@@ -299,7 +300,7 @@ def test_replies_arrive_under_the_configured_inbox_prefix(tls_nats: NatsServer, 
 
 def test_a_client_certificate_gets_into_a_server_that_verifies_clients(mtls_nats: NatsServer, pki: Pki) -> None:
     assert _answers(_dest(mtls_nats.port, tls_ca_file=pki.ca, tls_cert_file=pki.client_cert,
-                          tls_key_file=pki.client_key))
+                          tls_key_file=pki.client_key, **mtls_nats.login))
 
 
 def test_no_client_certificate_for_a_server_that_verifies_clients_fails_with_one_line(mtls_nats: NatsServer,
@@ -388,7 +389,7 @@ def test_the_pipeline_publishes_over_verified_tls(
     server takes no other (the boxed user may receive replies under its own prefix only)."""
     server, keys_for = PIPELINE_CASES[case]
     nats_server: NatsServer = request.getfixturevalue(server)
-    keys = keys_for(pki)
+    keys = {**nats_server.login, **keys_for(pki)}  # the login: the client-certificate server's own
     config = write_config(tmp_path, database, nats_server, names, [_tls_sink(names, nats_server.port, **keys)])
     run_workload(config, database, _three_rows)
     assert _messages(_dest(nats_server.port, **keys), names.stream) == 3
