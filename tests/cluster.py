@@ -151,6 +151,6 @@ def check_counters(db: Database, nodes: NatsCluster, stream: str,
 
 
 def read_all(nodes: NatsCluster, stream: str) -> list[Stored]:
-    """Everything in ``stream``, read through the first node that is up."""
-    node = next(n for n in nodes.nodes if n.running and not n.paused)
-    return stored(node.url, stream)
+    """Everything in ``stream``, read through its leader once it has one: right after a node woke
+    or restarted the stream may still be electing one, and a fetch then gets a 503."""
+    return stored(nodes.wait_for_stream_leader(stream).url, stream)
