@@ -89,25 +89,36 @@ def parse_config(text: str, *, source: str = "<string>", env: Mapping[str, str] 
 # -- secrets ---------------------------------------------------------------------------------
 
 
-def secret_keys(model: type[Section]) -> frozenset[str]:
-    """The names of the keys that hold secrets in ``model`` and every model below it: fields
-    of a ``SecretStr`` type (alone, optional, in a list …), fields that are ``repr=False`` (URLs
-    that may carry credentials) and each model's ``secret_keys``. Found by walking the models,
-    so that a secret field added anywhere is kept out of every error without being listed here."""
-    found: set[str] = set()
-    seen: set[type[Section]] = set()
+def fields_below(model: type[BaseModel]) -> Iterator[tuple[type[BaseModel], str, FieldInfo]]:
+    """(model, name, field) of every field of ``model`` and of each model its fields hold
+    (alone, optional, in a list …), each model once: the one walk over the config's models."""
+    seen: set[type[BaseModel]] = set()
     todo = [model]
     while todo:
         current = todo.pop()
         if current in seen:
             continue
         seen.add(current)
-        found |= current.secret_keys
         for name, field in current.model_fields.items():
-            types = list(_types_in(field.annotation))
-            if field.repr is False or SecretStr in types:
-                found.add(name)
-            todo += [t for t in types if isinstance(t, type) and issubclass(t, Section)]
+            yield current, name, field
+            todo += [t for t in _types_in(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+
+
+def holds_secret(field: FieldInfo) -> bool:
+    """Whether ``field`` is of a ``SecretStr`` type (alone, optional, in a list …)."""
+    return SecretStr in _types_in(field.annotation)
+
+
+def secret_keys(model: type[Section]) -> frozenset[str]:
+    """The names of the keys that hold secrets in ``model`` and every model below it: fields
+    of a ``SecretStr`` type, fields that are ``repr=False`` (URLs that may carry credentials)
+    and each model's ``secret_keys``. Found by walking the models, so that a secret field
+    added anywhere is kept out of every error without being listed here."""
+    found: set[str] = set()
+    for owner, name, field in fields_below(model):
+        found |= getattr(owner, "secret_keys", frozenset())
+        if field.repr is False or holds_secret(field):
+            found.add(name)
     return frozenset(found)
 
 

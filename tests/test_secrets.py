@@ -29,9 +29,9 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 
-from config.loader import format_path, parse_config
+from config.loader import fields_below, format_path, holds_secret, parse_config
 from config.schema import Config, HealthSettings
 from embedded import NatsServer, PostgresServer, wait_for
 from embedded._process import free_port
@@ -63,32 +63,9 @@ def stream_of(form: str) -> str:
 # -- the secret fields, found by walking the models ------------------------------------------
 
 
-def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        yield annotation
-    for arg in typing.get_args(annotation):
-        yield from _models_in(arg)
-
-
-def _holds_secret(annotation: Any) -> bool:
-    return annotation is SecretStr or any(_holds_secret(arg) for arg in typing.get_args(annotation))
-
-
 def secret_fields(model: type[BaseModel] = Config) -> set[tuple[str, str]]:
     """(model, field) of every ``SecretStr`` field in ``model`` and the models below it."""
-    found: set[tuple[str, str]] = set()
-    seen: set[type[BaseModel]] = set()
-    todo = [model]
-    while todo:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for name, field in current.model_fields.items():
-            if _holds_secret(field.annotation):
-                found.add((current.__name__, name))
-            todo.extend(_models_in(field.annotation))
-    return found
+    return {(owner.__name__, name) for owner, name, field in fields_below(model) if holds_secret(field)}
 
 
 def _empty_secrets(value: Any, path: list[str | int]) -> Iterator[tuple[str, str, list[str | int]]]:
@@ -96,7 +73,7 @@ def _empty_secrets(value: Any, path: list[str | int]) -> Iterator[tuple[str, str
     if isinstance(value, BaseModel):
         for name, field in type(value).model_fields.items():
             child = getattr(value, name)
-            if child is None and _holds_secret(field.annotation):
+            if child is None and holds_secret(field):
                 yield type(value).__name__, name, [*path, name]
             else:
                 yield from _empty_secrets(child, [*path, name])
@@ -111,7 +88,7 @@ def _empty_secrets(value: Any, path: list[str | int]) -> Iterator[tuple[str, str
 def _given_secrets(value: Any) -> set[tuple[str, str]]:
     if isinstance(value, BaseModel):
         given = {(type(value).__name__, name) for name, field in type(value).model_fields.items()
-                 if _holds_secret(field.annotation) and getattr(value, name) is not None}
+                 if holds_secret(field) and getattr(value, name) is not None}
         return given.union(*(_given_secrets(getattr(value, name)) for name in type(value).model_fields))
     if isinstance(value, list | tuple | dict):
         return set().union(*(_given_secrets(item) for item in (value.values() if isinstance(value, dict) else value)))
@@ -391,7 +368,7 @@ def _secret_paths(value: Any, path: list[str | int]) -> Iterator[tuple[str, str,
     if isinstance(value, BaseModel):
         for name, field in type(value).model_fields.items():
             child = getattr(value, name)
-            if child is not None and (_holds_secret(field.annotation) or field.repr is False):
+            if child is not None and (holds_secret(field) or field.repr is False):
                 yield type(value).__name__, name, [*path, name]
             else:
                 yield from _secret_paths(child, [*path, name])
