@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -242,6 +243,11 @@ class Walflow:
             proc.start()
             self.procs.append(proc)
             self._stack.callback(proc.stop, signal.SIGTERM, 15)
+            if (profiler := os.environ.get("BENCH_PYSPY")) and proc.pid is not None:  # a profile per process
+                out = Path(os.environ.get("BENCH_PYSPY_DIR", str(self.config.parent))) / f"{self.config.stem}.{i}.txt"
+                subprocess.Popen([profiler, "record", "--pid", str(proc.pid), "--threads", "--nonblocking",
+                                  "-r", "250", "-f", "raw", "-o", str(out)], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
         return self
 
     def __exit__(

@@ -47,6 +47,12 @@ class ValueFree(Exception):
     (``transforms/render.py``)."""
 
 
+class WordedTypeError(ValueFree, TypeError):
+    """A failure walflow words itself, from types only (never a value): said as it is, like every
+    :class:`ValueFree` (routing, transform, enrichment and condition errors). Here, not beside
+    its users: a class deriving from two built-in exceptions cannot be compiled (mypyc)."""
+
+
 # -- PostgreSQL: one table per kind of work, by SQLSTATE --------------------------------------
 
 

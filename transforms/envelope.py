@@ -341,7 +341,7 @@ class Envelope:
         self._default = _default_unix if unix else _default
         self._options = orjson.OPT_PASSTHROUGH_DATETIME if unix else orjson.OPT_UTC_Z
         self._timestamps = not unix
-        self._unix = unix
+        self._unix_times = unix  # not _unix: compiled (mypyc), that field is `__unix`, a C macro on Linux
         # The changes of one transaction share their commit timestamp and annotations: render
         # each once. One tuple each, replaced whole, so worker threads sharing this step never
         # pair a stale half.
@@ -460,7 +460,7 @@ class Envelope:
         """:func:`encode_json` of ``value`` under this sink's ``timestamp_format``; ``iso``: datetimes
         as ISO whatever it says (Sequin converts only ``record`` and ``changes``: a value from
         ``metadata`` or an enrichment keeps ISO)."""
-        return encode_json(value, self._unix and not iso)
+        return encode_json(value, self._unix_times and not iso)
 
     def address(self, schema: str, table: str, action: str) -> tuple[bytes, tuple[str, str]]:
         """The default subject of a table's and action's messages, and their metrics' labels

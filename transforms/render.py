@@ -35,7 +35,7 @@ from typing import Any, Final
 from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
-from core.errors import FatalError, ValueFree
+from core.errors import FatalError, ValueFree, WordedTypeError
 from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
@@ -55,11 +55,6 @@ from transforms.transactions import BLOCK_ROOM, Markers, Note
 _Pending = tuple[int, Plan, Change, Table, Item]
 #: The step a dead letter names when its message could not fit (never stops: see the module docstring).
 SIZE_STEP: Final = "size"
-
-
-class _Worded(ValueFree, TypeError):
-    """A failure walflow words itself, from types only (never a value): said as it is, like every
-    :class:`core.errors.ValueFree` (routing, transform, enrichment and condition errors)."""
 
 
 class StepFailed(Exception):
@@ -244,7 +239,7 @@ class Render:
                          "letter (walflow_dead_letters_total{step=\"size\"}); later ones of this table are not "
                          "logged", table.qualified, change.action, _lsn(change.commit_lsn), change.commit_idx,
                          self._sink.name)
-        return self._failed(plan, change, StepFailed(SIZE_STEP, _Worded(
+        return self._failed(plan, change, StepFailed(SIZE_STEP, WordedTypeError(
             f"the message is {size} bytes of payload, id and headers with every value but its key's replaced by a "
             f"marker; its NATS server takes {room}")))
 
@@ -298,7 +293,7 @@ class Render:
             except Exception as exc:
                 raise StepFailed(f"filter {name}", exc) from exc
             if type(keep) is not bool:
-                raise StepFailed(f"filter {name}", _Worded(f"returned {type(keep).__name__}, not True or False"))
+                raise StepFailed(f"filter {name}", WordedTypeError(f"returned {type(keep).__name__}, not True or False"))
             if not keep:
                 return None
         if plan.plain:  # the envelope's own payload: only filters, routing or both apply
