@@ -26,6 +26,14 @@ The items on the way to one sink partition, told apart by their first element:
   to a sink that publishes in commit order (``SinkConfig.in_commit_order``: atomic batches,
   markers), which has one partition; never for a transaction the sink published nothing of.
 
+When every sink partition is in another process (the slot's process of a cluster takes none,
+``dataflows/engine.py``), a partition's list crosses :func:`sealed`: one ``marshal`` blob
+instead of a list of tuples, since Bytewax 0.21.1 pickles each item it sends twice (once to
+measure it, once to write it) and ``marshal`` writes these plain tuples in half a pickle's
+time. A list that holds anything else (a description, a schema change, a TOAST marker) crosses
+as it is; the partition opens either with :func:`opened`. Within a process nothing is sealed:
+nothing there is pickled.
+
 Timely's channels are FIFO from one worker to another, and one sink's changes all come from
 the one worker that reads their database's slot: a description always arrives before the
 changes that need it and a ``FORGET`` after the last of them.
@@ -33,8 +41,9 @@ changes that need it and a ``FORGET`` after the last of them.
 
 from __future__ import annotations
 
+import marshal
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, cast
 
 from core.events import Action, Commit, RawChange, RawRow, SchemaChange, Table
 
@@ -53,6 +62,9 @@ Packed = tuple[int, Action, RawRow | None, RawRow | None, bool, int, int, int, i
 #: Anything a sink partition receives from the slot's worker.
 Item = Packed | tuple[str, Table] | tuple[str, int] | tuple[str, int, int, int] | tuple[str, SchemaChange]
 
+#: What crosses for one partition per batch: its items, or their :func:`sealed` blob.
+Crossing = list[Item] | bytes
+
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _US: Final = timedelta(microseconds=1)
 #: Below 2**32 s (2106), a float's spacing is under a microsecond: ``micros / 1e6`` rounds
@@ -66,6 +78,24 @@ def pack(change: RawChange, row: int = 0) -> Packed:
     action, table, new, old, old_is_key, lsn, idx, ts, xid, read, annotations = change
     return (table.uid, action, new, old, old_is_key, lsn, idx, (ts - _EPOCH) // _US, xid,
             None if read is None else (read.sink, read.backfill, read.row_key), annotations, row)
+
+
+def sealed(items: list[Item]) -> Crossing:
+    """``items`` as they cross to another process: one marshal blob if they are plain data
+    (exact ints, strs, bytes, bools, None, tuples: ``marshal`` refuses a NamedTuple or any
+    other class, and a change's texts are exact ``bytes``), else the list itself."""
+    try:
+        return marshal.dumps(items)
+    except ValueError:  # a Table, a SchemaChange, a TOAST or oversized marker: pickled by Bytewax
+        return items
+
+
+def opened(items: Crossing) -> list[Item]:
+    """What :func:`sealed` made, as the list it was: a blob comes from this flow's own
+    processes, which run the same walflow and Python (as pickle needs them to)."""
+    if isinstance(items, bytes):
+        return cast(list[Item], marshal.loads(items))
+    return items
 
 
 def pack_commit(commit: Commit) -> tuple[str, int, int, int]:

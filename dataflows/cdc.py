@@ -132,7 +132,7 @@ def build(config: Config, runtime: Runtime, beside: Path | None = None) -> Dataf
     commits = any(slot.commits for slot in slots)  # every slot's changes and Commits reach every dispatch
     for name, (sink, publish) in publishers.items():
         step = _step(name)
-        dispatch = Dispatch(sink, runtime.metrics, commits=commits, schema=trackers[name])
+        dispatch = Dispatch(sink, runtime.metrics, commits=commits, schema=trackers[name], crosses=not publishing)
         routed = op.flat_map_batch(f"{step}_dispatch", changes, runtime.guarded(f"sink {name}: dispatching", dispatch.route))
         op.output(f"{step}_publish", routed, publish)
     return flow

@@ -38,7 +38,7 @@ from zlib import adler32
 from config.schema import SinkConfig
 from core.events import Commit, RawChange, SchemaChange
 from core.metrics import Metrics
-from core.wire import BEGIN, DESCRIBE, FORGET, SCHEMA, Item, pack, pack_commit
+from core.wire import BEGIN, DESCRIBE, FORGET, SCHEMA, Crossing, Item, pack, pack_commit, sealed
 from transforms.filter import SinkFilter
 from transforms.group import GroupKey
 from transforms.schema_events import SchemaTracker
@@ -57,12 +57,14 @@ class Dispatch:
     """``dispatch`` step of one sink: a batch of the slot's changes → ``(partition, items)`` pairs."""
 
     def __init__(self, sink: SinkConfig, metrics: Metrics | None = None, max_versions: int = MAX_VERSIONS,
-                 commits: bool = False, schema: SchemaTracker | None = None) -> None:
-        """``commits``: the slot's output holds a :class:`~core.events.Commit` after each
+                 commits: bool = False, schema: SchemaTracker | None = None, crosses: bool = False) -> None:
+        """``crosses``: every partition of the sink is in another process (this one takes none):
+        each list crosses :func:`core.wire.sealed`. ``commits``: the slot's output holds a :class:`~core.events.Commit` after each
         transaction (a sink of the slot publishes in commit order): this one forwards them
         if it publishes in commit order itself, and passes over them else. ``schema``: the
         sink's tables' shapes, for a sink with ``schema_events``."""
         self._commits = commits
+        self._crosses = crosses
         self._ordered = sink.in_commit_order
         self._begins = sink.transaction_markers
         self._database = sink.database
@@ -81,7 +83,7 @@ class Dispatch:
         #: uid of a tracked table version → the change of shape it brought.
         self._reshaped: dict[int, SchemaChange] = {}
 
-    def route(self, changes: Sequence[RawChange | Commit]) -> list[tuple[str, list[Item]]]:
+    def route(self, changes: Sequence[RawChange | Commit]) -> list[tuple[str, Crossing]]:
         """A batch's items, one list per partition it touches, each in the batch's order."""
         out: dict[int, list[Item]] = {}
         if not self._commits:
@@ -89,6 +91,8 @@ class Dispatch:
         else:
             self._route_commits(changes, out)
         keys = self._keys
+        if self._crosses:
+            return [(keys[partition], sealed(items)) for partition, items in out.items()]
         return [(keys[partition], items) for partition, items in out.items()]
 
     def _route_commits(self, changes: Sequence[RawChange | Commit], out: dict[int, list[Item]]) -> None:

@@ -40,7 +40,7 @@ from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
 from core.ids import IdScheme
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
-from core.wire import BEGIN, COMMIT, DESCRIBE, FORGET, SCHEMA, Item, commit_time
+from core.wire import BEGIN, COMMIT, DESCRIBE, FORGET, SCHEMA, Crossing, Item, commit_time, opened
 from transforms.convert import convert_fields
 from transforms.debezium import Debezium
 from transforms.enrich import Enricher
@@ -102,7 +102,7 @@ class Render:
         self._sizes = OversizedReport("max_payload", metrics,
                                       f"its message for sink '{sink.name}' is larger than its NATS server's max_payload")
 
-    def __call__(self, batches: list[list[Item]], room: int) -> list[Message]:
+    def __call__(self, batches: list[Crossing], room: int) -> list[Message]:
         """The messages of ``batches`` (each a dispatch step's list for this partition), in order;
         ``room``: what a message's payload, id and own header lines may take together on the sink's
         server now (its ``max_payload`` less the header block's fixed bytes, as the sink's
@@ -116,8 +116,8 @@ class Render:
         # a change's payload within this fits whatever its id (one check per message on the unshaped
         # path; a read's id names its row's key, of no fixed length: reads are measured whole)
         fits = room - self._longest_id
-        for items in batches:
-            for item in items:
+        for batch in batches:
+            for item in opened(batch):
                 head = item[0]
                 if type(head) is int:
                     table = tables.get(head)

@@ -1,7 +1,7 @@
 """The split around Bytewax's exchange, without servers: the slot worker's dispatch step
 (filter, group key, partition, compact items, table descriptions) and a sink partition's
 render step (items → the same messages the envelope makes from the change itself),
-also when every item went through pickle as between processes."""
+also when every item went through pickle as between processes, or crossed sealed."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from zlib import adler32
 import pytest
 
 from connectors.postgres.types import TypeSpecs, loaders_for
-from core.events import Commit, RawChange, ReadOf, Table
+from core.events import UNCHANGED_TOAST, Commit, OversizedValue, RawChange, RawValue, ReadOf, Table
 from core.metrics import Metrics
-from core.wire import COMMIT, DESCRIBE, FORGET, Item, commit_time, pack, pack_commit
+from core.wire import COMMIT, DESCRIBE, FORGET, Crossing, Item, commit_time, opened, pack, pack_commit, sealed
 from tests.transforms.samples import ROOM, TS, make_database, make_render, make_sink, raw_change
 from transforms.convert import convert, convert_fields
 from transforms.dispatch import Dispatch
@@ -42,12 +42,12 @@ def change(table: Table, row_id: int, action: Any = "insert", idx: int = 0, read
     return RawChange(action, table, new, None, False, 100 + row_id, idx, TS, 9, read)
 
 
-def flat(routed: list[tuple[str, list[Item]]]) -> list[tuple[str, Item]]:
+def flat(routed: list[tuple[str, Crossing]]) -> list[tuple[str, Item]]:
     """Dispatch's lists as (partition, item) pairs, in order."""
-    return [(key, item) for key, items in routed for item in items]
+    return [(key, item) for key, items in routed for item in opened(items)]
 
 
-def by_partition(routed: list[tuple[str, list[Item]]]) -> dict[str, list[Item]]:
+def by_partition(routed: list[tuple[str, Crossing]]) -> dict[str, list[Item]]:
     out: dict[str, list[Item]] = {}
     for key, item in flat(routed):
         out.setdefault(key, []).append(item)
@@ -96,7 +96,7 @@ def test_a_new_version_of_a_relation_forgets_the_old_one_where_it_was_described(
     forgets = [(k, item) for k, item in flat(routed) if item[0] == FORGET]
     assert sorted(forgets) == sorted((k, (FORGET, old.uid)) for k in had)
     for _, items in routed:  # on each partition, the old version is forgotten before the new one arrives
-        kinds = [item[0] for item in items]
+        kinds = [item[0] for item in opened(items)]
         assert DESCRIBE not in kinds or kinds.index(FORGET) < kinds.index(DESCRIBE)
 
 
@@ -109,24 +109,39 @@ def test_a_backfills_table_does_not_supersede_the_streams() -> None:
     assert [item[0] for _, item in routed] == [DESCRIBE, stream.uid, DESCRIBE, chunk.uid, stream.uid]
 
 
-@pytest.mark.parametrize("crossing", [False, True], ids=["same process", "pickled"])
-def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing: bool) -> None:
+@pytest.mark.parametrize("crossing", ["same process", "pickled", "sealed"])
+def test_render_makes_the_messages_the_envelope_makes_from_the_changes(crossing: str) -> None:
     table = typed_table()
     sink, db = make_sink(partition_count=2), make_database()
     changes = [change(table, i, idx=i) for i in range(6)] + [change(table, 3, "delete", idx=9)]
     changes.append(change(table, 4, "read", read=ReadOf(sink.name, "b1", '["4"]')))
+    later = [change(table, i, "update", idx=20 + i) for i in range(6)]  # a batch without descriptions
     envelope = Envelope(sink, db)
-    expected = {c.commit_lsn * 100 + c.commit_idx: envelope(convert(c)) for c in changes}
+    expected = {c.commit_lsn * 100 + c.commit_idx: envelope(convert(c)) for c in changes + later}
+    dispatch = Dispatch(sink, crosses=crossing == "sealed")
+    renders = {key: make_render(sink, db) for key in ("0", "1")}
     published = []
-    for items in by_partition(Dispatch(sink).route(changes)).values():
-        if crossing:
-            items = [pickle.loads(pickle.dumps(item)) for item in items]
-        published += make_render(sink, db)([items], ROOM)
-    assert len(published) == len(changes)
+    for batch in (changes, later):
+        for key, items in dispatch.route(batch):
+            if crossing == "sealed":
+                assert isinstance(items, bytes) == (batch is later)  # a description is Bytewax's to pickle
+            if crossing != "same process":
+                items = pickle.loads(pickle.dumps(items))
+            published += renders[key]([items], ROOM)
+    assert len(published) == len(changes) + len(later)
     assert sorted(published, key=lambda m: m.msg_id) == sorted(expected.values(), key=lambda m: m.msg_id)
     # each message names its row, the same for every change of one row: the publisher's fence
     by_row = {(m.row, json.loads(m.payload)["record"]["id"]) for m in published}
     assert all(row for row, _ in by_row) and len({row for row, _ in by_row}) == len({i for _, i in by_row}) == 6
+
+
+@pytest.mark.parametrize("value", [UNCHANGED_TOAST, OversizedValue(10, 0)], ids=["toast", "oversized"])
+def test_a_list_holding_a_marker_crosses_unsealed_and_whole(value: RawValue) -> None:
+    table = typed_table()
+    marked = RawChange("update", table, (b"1", value, None, None, None), None, False, 1, 0, TS, 9)
+    items: list[Item] = [pack(change(table, 2)), pack(marked)]
+    assert sealed(items) is items
+    assert opened(sealed(items[:1])) == items[:1]
 
 
 def test_a_packed_change_converts_as_the_change_does() -> None:

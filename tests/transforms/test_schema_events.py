@@ -15,7 +15,7 @@ from connectors.postgres.types import TypeSpecs, loaders_for
 from core.events import BARRIER, TRANSACTION_END, ColumnShape, Commit, RawChange, ReadOf, SchemaChange, Shape, Table
 from core.ids import IdScheme
 from core.subjects import covers, schema_pattern, schema_subject
-from core.wire import DESCRIBE, SCHEMA, Item
+from core.wire import DESCRIBE, SCHEMA, Crossing, opened
 from tests.transforms.samples import ROOM, TS, TS_US, make_database, make_sink
 from transforms.dispatch import Dispatch
 from transforms.render import Render
@@ -65,8 +65,8 @@ def dispatch_with(memory: Memory, recorded: list[dict[str, Any]] | None = None, 
     return Dispatch(sink, schema=SchemaTracker(baselines(recorded or [], confirmed), memory))
 
 
-def schema_items(routed: list[tuple[str, list[Item]]]) -> list[tuple[str, SchemaChange]]:
-    return [(key, item[1]) for key, items in routed for item in items if item[0] == SCHEMA]  # type: ignore[misc]
+def schema_items(routed: list[tuple[str, Crossing]]) -> list[tuple[str, SchemaChange]]:
+    return [(key, item[1]) for key, items in routed for item in opened(items) if item[0] == SCHEMA]  # type: ignore[misc]
 
 
 # -- the shape comparison ------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_a_new_shape_reaches_every_partition_after_its_description_and_before_it
     assert sorted(key for key, _ in events) == ["0", "1", "2"]  # every partition that gets a change of it
     assert all(event == expected for _, event in events)  # one position for all: the first change's
     for _, items in routed:
-        heads = [item[0] for item in items]
+        heads = [item[0] for item in opened(items)]
         described = heads.index(DESCRIBE)
         assert heads[described + 1] == SCHEMA
         assert type(heads[described + 2]) is int  # the first change of the new version follows
