@@ -28,8 +28,9 @@ from typing import Any
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
 #: The top-level directories of walflow's own code: a frame in one is named by its file.
 _OWN = ("connectors", "core", "transforms", "dataflows", "config")
-#: py-spy's thread label (``thread (11330): walflow-async``) → the bench's thread name.
-_THREAD = re.compile(r"^thread \(\w+\): (?:walflow-)?(?P<name>.+)$")
+#: py-spy's thread label: ``thread (11330): walflow-async``, or ``thread (11330)`` when it
+#: found no name (Bytewax's Rust-made worker threads; now and then a named one).
+_THREAD = re.compile(r"^thread \((?P<tid>\w+)\)(?:: (?:walflow-)?(?P<name>.+))?$")
 #: Frames of starting up (importing, building the flow): not part of a change's cost, which
 #: the bench measures from the first to the last message stored.
 _STARTUP = ("_locate_dataflow", "<frozen importlib")
@@ -53,19 +54,24 @@ def _where(frame: str) -> str:
 
 def samples(raw: Path) -> dict[str, Counter[str]]:
     """Per thread name, the samples of each file (innermost frame)."""
-    out: dict[str, Counter[str]] = {}
+    by_tid: dict[str, Counter[str]] = {}
+    names: dict[str, str] = {}
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        label = _THREAD.match(stack.split(";", 1)[0])
+        if label is None or not count.isdigit():
             continue
-        frames = stack.split(";")
+        if label.group("name"):
+            names[label.group("tid")] = label.group("name")
+        frames = stack.split(";")[1:]
         if any(marker in frame for frame in frames for marker in _STARTUP):
             continue
-        label = _THREAD.search(frames[0])
-        thread = label.group("name") if label else "timely"  # Bytewax's Rust-made worker threads are unnamed
-        thread = "main" if thread == "MainThread" else thread
         # no Python frame: the engine's Rust holding the GIL (pickling, calling a step)
-        out.setdefault(thread, Counter())[_where(frames[-1]) if len(frames) > 1 else "bytewax"] += int(count)
+        by_tid.setdefault(label.group("tid"), Counter())[_where(frames[-1]) if frames else "bytewax"] += int(count)
+    out: dict[str, Counter[str]] = {}
+    for tid, counts in by_tid.items():
+        name = names.get(tid, "timely")  # never named: a Bytewax worker thread
+        out.setdefault("main" if name == "MainThread" else name, Counter()).update(counts)
     return out
 
 

@@ -1,0 +1,34 @@
+"""bench/profile.py: py-spy's raw lines → each thread's µs per change, by file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.profile import samples, table
+
+RAW = """\
+thread (11): walflow-reader-wf_w1;Thread.run (threading.py:982);Decoder._row (connectors/postgres/decoder.py:300) 30
+thread (11): walflow-reader-wf_w1;Thread.run (threading.py:982);Session._read_burst (connectors/postgres/session.py:209) 10
+thread (12): MainThread;<module> (run.py:5);_locate_dataflow (run.py:1);_find_and_load (<frozen importlib._bootstrap>:1) 500
+thread (12): MainThread;<module> (run.py:5);Render.__call__ (transforms/render.py:130) 20
+thread (12);<module> (run.py:5) 20
+thread (13) 5
+thread (14): walflow-async;Client._read_loop (nats/aio/client.py:1);parse (nats/protocol/parser.py:3) 4
+"""
+
+
+def test_each_threads_cpu_is_spread_over_the_files_its_samples_were_in(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(RAW)
+    found = samples(raw)
+    assert found["reader-wf_w1"] == {"connectors/postgres/decoder.py": 30, "connectors/postgres/session.py": 10}
+    assert found["main"] == {"transforms/render.py": 20, "bytewax": 20}  # starting up is left out
+    assert found["async"] == {"nats": 4}
+    assert found["timely"] == {"bytewax": 5}  # an unnamed thread is a Bytewax worker's; no Python frame
+    run = {"processes": [{"threads": [{"name": "reader-wf_w1", "cpu_us_per_change": 8.0},
+                                      {"name": "main", "cpu_us_per_change": 10.0},
+                                      {"name": "health", "cpu_us_per_change": 0.0}]}]}
+    rows = table(run, found)
+    assert rows[2] == "| reader-wf_w1 | 8.0 | connectors/postgres/decoder.py 6.0, connectors/postgres/session.py 2.0 |"
+    assert rows[3] == "| main | 10.0 | transforms/render.py 5.0, bytewax 5.0 |"
+    assert len(rows) == 4  # a thread without CPU has no row
