@@ -132,7 +132,25 @@ install_venv() {
 }
 
 setup_runtime() { install_venv "$RUNTIME_VENV" runtime.lock; }
-setup_dev() { install_venv "$VENV" dev.lock; }
+setup_dev() { install_venv "$VENV" dev.lock; setup_compiled; }
+
+# The hot path compiled with mypyc (from .venv/) where a C compiler exists, into build/compiled/
+# (core/compiled.py; README: Performance); both venvs import it. Without a compiler, or if the
+# build fails, the same modules run as pure Python: slower, never different. Quiet when current.
+setup_compiled() {
+    if ! command -v "${CC:-cc}" >/dev/null 2>&1; then
+        say "no C compiler (${CC:-cc}): the hot path runs as pure Python (install gcc, then ./run.sh setup compiles it)"
+        return 0
+    fi
+    local log="$ROOT/build/compile.log" done
+    mkdir -p "$ROOT/build"
+    if ! done="$("$VENV/bin/python" -c 'from core.compiled import build; print(build() or "")' 2>"$log")"; then
+        tail -n 20 "$log" >&2
+        say "compiling the hot path failed (full log: build/compile.log); it runs as pure Python"
+        return 0
+    fi
+    [ -z "$done" ] || say "$done"
+}
 
 # run, backfill, check and status never download: a runtime venv that is missing or older than
 # the locks (or pyproject.toml) stops them with what to do.

@@ -216,7 +216,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         (f"{env['cpus']} CPUs, load {env['loadavg_start']} at start / {env['loadavg_end']} at end; "
         f"PostgreSQL {env['postgres']}, NATS {env['nats']}, Python {env['python']}, "
-        f"walflow {env['git_commit'][:10]}{' (modified)' if env['git_modified'] else ''}; {results['seconds']:.0f} s in all."),
+        f"walflow {env['git_commit'][:10]}{' (modified)' if env['git_modified'] else ''} "
+        f"(hot path {env['hot_path']}); {results['seconds']:.0f} s in all."),
         "",
         "## Throughput (catch-up: the workload is in the WAL before each consumer starts)",
         "",

@@ -34,6 +34,7 @@ from bench.workloads import (
     write_mixed,
     write_rows,
 )
+from core import compiled
 from embedded import NatsServer, PostgresServer
 from embedded.nats import NatsCluster
 
@@ -125,6 +126,8 @@ def environment(pg: PostgresServer, js: JetStream) -> dict[str, Any]:
         "bytewax": version("bytewax"),
         "nats_py": version("nats-py"),
         "git_commit": _git("rev-parse", "HEAD"),
+        # the pipelines the bench starts import the same (core/compiled.py)
+        "hot_path": compiled.implementation(),
         # the figures are for the working tree as it was, which may hold uncommitted changes
         "git_modified": _git("status", "--porcelain", "--untracked-files=no").splitlines(),
         "pg_settings": PG_SETTINGS,

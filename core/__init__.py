@@ -5,3 +5,7 @@ transforms and sinks consume them. Two modules deal with the engine every part r
 ``threads`` and ``pacing`` work around Bytewax 0.21.1's per-item thread states and its
 spinning sources, for any source or sink.
 """
+
+from core.compiled import extend
+
+extend(__path__, __name__)  # the compiled hot path, where built (core/compiled.py)

@@ -229,19 +229,29 @@ def _copied(value: Any) -> Any:
 _PLAIN: Final = frozenset({str, int, float, bool, type(None), date, time, uuid.UUID, JsonText})
 
 
-def _plain(value: Any, unix: bool) -> Any:
+#: The deepest value :func:`encode_json` writes: deeper than anything the source decodes
+#: (``MAX_JSON_DEPTH`` levels in a row and an array), and counted, not left to Python's recursion
+#: limit, which the compiled module (core/compiled.py) does not have: a value holding itself is
+#: refused at this depth in both.
+_MAX_NESTING: Final = 500
+
+
+def _plain(value: Any, unix: bool, depth: int = 0) -> Any:
     """``value`` with what the exact encoder rewrites rewritten (:func:`encode_json`),
     checked to be JSON on the way; ``unix``: datetimes as Unix microseconds."""
     kind = type(value)
     if kind in _PLAIN:
         return value
+    if depth >= _MAX_NESTING:
+        raise RecursionError
+    depth += 1
     if kind is dict:
         out: dict[str, Any] = {}
         for name, item in value.items():
             if type(name) is not str and not isinstance(name, str):
                 raise NotJSON(f"a dict with {a_type(name)} key")  # not its value: it may be a row's
             try:
-                out[name] = _plain(item, unix)
+                out[name] = _plain(item, unix, depth)
             except NotJSON as exc:
                 raise NotJSON(exc.what, f"[{name!r}]{exc.where}") from None
         return out
@@ -249,7 +259,7 @@ def _plain(value: Any, unix: bool) -> Any:
         items: list[Any] = []
         for i, item in enumerate(value):
             try:
-                items.append(_plain(item, unix))
+                items.append(_plain(item, unix, depth))
             except NotJSON as exc:
                 raise NotJSON(exc.what, f"[{i}]{exc.where}") from None
         return items
@@ -267,9 +277,9 @@ def _plain(value: Any, unix: bool) -> Any:
     if isinstance(value, str | int | float | date | time | uuid.UUID):
         return value
     if isinstance(value, dict):
-        return _plain(dict(value), unix)
+        return _plain(dict(value), unix, depth)
     if isinstance(value, list | tuple):
-        return _plain(list(value), unix)
+        return _plain(list(value), unix, depth)
     raise NotJSON(a_type(value))
 
 

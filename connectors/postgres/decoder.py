@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, NamedTuple, Protocol, cast
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 import psycopg
 
@@ -39,7 +39,7 @@ from connectors.postgres.messages import ANNOTATIONS_CLEAR, ANNOTATIONS_SET, HEA
 from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, pg_timestamp
 from connectors.postgres.relations import Column, Relation, TypeName
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, RawValue, Table
+from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, Table
 from core.sizes import largest, replaced
 
 #: An index beyond any transaction's last: "all of it" in ResumePoint.emitted_up_to.
@@ -314,7 +314,7 @@ class Decoder:
 
     # -- row changes -----------------------------------------------------------------------
 
-    def _row(self, buf: bytes, tag: int) -> None:
+    def _row(self, buf: bytes | memoryview, tag: int) -> None:
         """Insert ('I' relid 'N' tuple), Update ('U' relid ['K'|'O' tuple] 'N' tuple), Delete ('D' relid 'K'|'O' tuple)."""
         start, relid, marker = _XLOG_ROW.unpack_from(buf)
         commit_lsn = self._txn_lsn
@@ -373,7 +373,7 @@ class Decoder:
         key columns kept) until what is left fits: those are not copied at all, and the change is
         counted at the size it keeps."""
         before = len(self.staged)
-        self._row(data, tag)  # type: ignore[arg-type]  # a view stands in for bytes: its slices are views too
+        self._row(data, tag)  # on a view, its slices are views too
         if len(self.staged) == before:  # a previous run emitted it
             return
         change = cast(RawChange, self.staged[-1])
@@ -494,7 +494,7 @@ class Decoder:
             self._on_ignored(prefix.decode(), reason, detail)
 
 
-def _tuple(buf: bytes, pos: int, ncols: int) -> tuple[RawRow, int]:
+def _tuple(buf: bytes | memoryview, pos: int, ncols: int) -> tuple[RawRow, int]:
     """The TupleData at ``pos`` (Int16 count, then per column a kind byte and, for ``t``, an
     Int32 length and the text), and the offset after it. Runs for every column of every change."""
     (count,) = _U16.unpack_from(buf, pos)
@@ -503,7 +503,7 @@ def _tuple(buf: bytes, pos: int, ncols: int) -> tuple[RawRow, int]:
     pos += 2
     size = len(buf)
     unpack_length = _U32.unpack_from
-    values: list[RawValue] = []
+    values: list[Any] = []  # bytes, or views of a large message (Decoder._large): RawValues both
     append = values.append
     for _ in range(count):
         kind = buf[pos]

@@ -1155,6 +1155,19 @@ def test_encode_value_refuses_a_value_holding_itself() -> None:
         envelope().encode_value(value)
 
 
+@pytest.mark.parametrize("levels", [500, 501, 100_000])
+def test_encode_value_writes_values_500_deep_and_refuses_deeper(levels: int) -> None:
+    """Counted, not left to the recursion limit: the compiled module has none (a crash there)."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    if levels <= 500:
+        assert envelope().encode_value(value) == b"[" * levels + b"1" + b"]" * levels
+    else:
+        with pytest.raises(NotJSON, match="nested too deep"):
+            envelope().encode_value(value)
+
+
 @pytest.mark.parametrize("timestamp_format", ["iso8601", "unix_microsecond"])
 @given(row=st.dictionaries(_TEXT, _VALUES.filter(lambda value: not _surrogate(value)), max_size=6))
 def test_encode_value_of_a_row_is_the_rows_encoding(timestamp_format: str, row: Row) -> None:

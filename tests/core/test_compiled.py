@@ -1,0 +1,79 @@
+"""The compiled hot path (core/compiled.py): what ``./run.sh setup`` builds is what runs, and the
+pure-Python modules, its reference and fallback, pass the same unit tests.
+
+The suite itself runs on whichever the process imports (compiled where built); the pure leg runs
+the unit tests of every compiled module again in a child with ``WALFLOW_PURE_PYTHON=1``, as
+psycopg tests its C and Python implementations with one suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core import compiled
+
+ROOT = compiled.ROOT
+#: The unit tests that exercise the compiled modules (their servers' tests are left out: a pure
+#: leg of those would double the suite's time for code the unit tests already cover).
+UNIT_TESTS = ("tests/core", "tests/transforms", "tests/connectors/postgres/test_decoder.py",
+              "tests/connectors/postgres/test_types.py", "tests/connectors/postgres/test_pgoutput_reference.py",
+              "tests/connectors/postgres/test_json.py", "tests/connectors/postgres/test_source_values.py")
+
+
+def _name(source: str) -> str:
+    return source.removesuffix(".py").replace("/", ".")
+
+
+def _pure_env() -> dict[str, str]:
+    return {**os.environ, compiled.PURE_PYTHON_VARIABLE: "1"}
+
+
+def test_every_compiled_module_exists_and_its_package_extends_its_path() -> None:
+    for source in compiled.MODULES:
+        assert (ROOT / source).is_file(), source
+        package = (ROOT / source).parent / "__init__.py"
+        assert "extend(__path__, __name__)" in package.read_text(), f"{package} does not call core.compiled.extend"
+
+
+def test_the_digest_names_the_sources_and_the_python() -> None:
+    assert compiled.digest() == compiled.digest()
+    assert len(compiled.digest()) == 16
+
+
+@pytest.mark.skipif(os.environ.get(compiled.PURE_PYTHON_VARIABLE) == "1", reason="the pure leg")
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler: pure Python")
+def test_where_a_compiler_exists_the_suite_runs_the_compiled_modules() -> None:
+    assert compiled.implementation() == "compiled", (
+        f"{compiled.implementation()}: run ./run.sh setup (it builds the hot path after any edit of "
+        f"{', '.join(compiled.MODULES)})")
+    for source in compiled.MODULES:
+        module = importlib.import_module(_name(source))
+        assert module.__file__ is not None and not module.__file__.endswith(".py"), module.__file__
+
+
+def test_the_pure_python_variable_imports_the_sources() -> None:
+    names = [_name(source) for source in compiled.MODULES]
+    code = ("import importlib, core.compiled as c; "
+            f"print(c.implementation()); print(*[importlib.import_module(n).__file__ for n in {names!r}], sep='\\n')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_pure_env(), capture_output=True, text=True,
+                         check=True, timeout=60).stdout.splitlines()
+    assert out[0] == f"pure Python ({compiled.PURE_PYTHON_VARIABLE}=1)"
+    assert [Path(file) for file in out[1:]] == [ROOT / source for source in compiled.MODULES]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get(compiled.PURE_PYTHON_VARIABLE) == "1", reason="the pure leg itself")
+def test_the_pure_python_modules_pass_the_same_unit_tests() -> None:
+    if compiled.implementation() != "compiled":
+        pytest.skip("this run is the pure-Python one already")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", "-m", "not servers and not alone",
+         *UNIT_TESTS], check=False, cwd=ROOT, env=_pure_env(), capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
