@@ -9,8 +9,9 @@ change each part of walflow costs:
 
     python -m bench.profile bench/results/<run>.json WF_MIXED_100B_W1.0.txt [--run w1]
 
-Samples whose innermost frame is not walflow's own code are summed under the library they
-are in (``asyncio``, ``nats``, ``bytewax``); a thread's CPU outside the GIL (libpq, socket
+With ``BENCH_PYSPY_NATIVE=1`` py-spy records C frames too, and a compiled module's functions
+count to its source file (mypyc's C names say which). Samples whose innermost frame is not
+walflow's own code are summed under the library they are in (``asyncio``, ``nats``, ``bytewax``); a thread's CPU outside the GIL (libpq, socket
 calls, Bytewax's Rust waiting) has no samples of its own and is spread with the rest: the
 figures are a thread's CPU in proportion to its Python, not a measure of each file alone.
 """
@@ -24,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from core import compiled
+
 #: py-spy's frame: ``function (path/to/file.py:line)``.
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
 #: The top-level directories of walflow's own code: a frame in one is named by its file.
@@ -31,15 +34,43 @@ _OWN = ("connectors", "core", "transforms", "dataflows", "config")
 #: py-spy's thread label: ``thread (11330): walflow-async``, or ``thread (11330)`` when it
 #: found no name (Bytewax's Rust-made worker threads; now and then a named one).
 _THREAD = re.compile(r"^thread \((?P<tid>\w+)\)(?:: (?:walflow-)?(?P<name>.+))?$")
+#: A function of the compiled hot path, as mypyc names it in C: the module's last name first.
+_NATIVE = re.compile(r"^CPy(?:Def|Py|L)_(?P<module>[a-z_]+?)___")
+#: The compiled modules by their last name (each is unique: core/compiled.py's MODULES).
+_COMPILED = {Path(source).stem: source for source in compiled.MODULES}
 #: Frames of starting up (importing, building the flow): not part of a change's cost, which
 #: the bench measures from the first to the last message stored.
 _STARTUP = ("_locate_dataflow", "<frozen importlib")
 
 
-def _where(frame: str) -> str:
-    """The file a frame is in, as walflow's path, or the library it belongs to."""
-    match = _FRAME.match(frame)
-    path = match.group("path") if match else frame
+def _compiled(function: str) -> str | None:
+    """The source of a function of the compiled hot path (core/compiled.py), named by mypyc
+    ``CPyDef_<module>___<name>`` (also ``CPyPy_``, ``CPyL_``, the wrapper and its lambdas)."""
+    match = _NATIVE.match(function)
+    return None if match is None else _COMPILED.get(match.group("module"))
+
+
+def _python(path: str) -> bool:
+    """Whether a frame is Python's (a file of source, or what Python made) rather than C or Rust."""
+    return path.endswith(".py") or path.startswith("<")
+
+
+def _attributed(frames: list[str]) -> str:
+    """Where a sample's CPU goes: its innermost frame that is walflow's (Python or compiled) or
+    Python's; C below it (libpython, libc, a library's extension: with ``--native``) counts to it.
+    No such frame: the engine's Rust, holding the GIL (pickling, calling a step)."""
+    for frame in reversed(frames):
+        match = _FRAME.match(frame)
+        function, path = (match.group("function"), match.group("path")) if match else (frame, frame)
+        if (source := _compiled(function)) is not None:
+            return source
+        if _python(path):
+            return _where(path)
+    return "bytewax"
+
+
+def _where(path: str) -> str:
+    """The file a Python frame is in, as walflow's path, or the library it belongs to."""
     for own in _OWN:
         at = path.find(f"/{own}/")
         if at >= 0 or path.startswith(f"{own}/"):
@@ -66,8 +97,7 @@ def samples(raw: Path) -> dict[str, Counter[str]]:
         frames = stack.split(";")[1:]
         if any(marker in frame for frame in frames for marker in _STARTUP):
             continue
-        # no Python frame: the engine's Rust holding the GIL (pickling, calling a step)
-        by_tid.setdefault(label.group("tid"), Counter())[_where(frames[-1]) if frames else "bytewax"] += int(count)
+        by_tid.setdefault(label.group("tid"), Counter())[_attributed(frames)] += int(count)
     out: dict[str, Counter[str]] = {}
     for tid, counts in by_tid.items():
         name = names.get(tid, "timely")  # never named: a Bytewax worker thread
@@ -89,7 +119,9 @@ def table(run: dict[str, Any], profile: dict[str, Counter[str]], top: int = 8) -
         total = sum(counts.values())
         parts = [f"{where} {us * n / total:.1f}" for where, n in counts.most_common(top)] if total else []
         rest = us * sum(n for _, n in counts.most_common()[top:]) / total if total else us
-        rows.append(f"| {name} | {us:.1f} | {', '.join(parts)}{f', other {rest:.1f}' if rest >= 0.05 else ''} |")
+        if rest >= 0.05:
+            parts.append(f"other {rest:.1f}")
+        rows.append(f"| {name} | {us:.1f} | {', '.join(parts)} |")
     return rows
 
 

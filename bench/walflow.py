@@ -245,8 +245,10 @@ class Walflow:
             self._stack.callback(proc.stop, signal.SIGTERM, 15)
             if (profiler := os.environ.get("BENCH_PYSPY")) and proc.pid is not None:  # a profile per process
                 out = Path(os.environ.get("BENCH_PYSPY_DIR", str(self.config.parent))) / f"{self.config.stem}.{i}.txt"
-                subprocess.Popen([profiler, "record", "--pid", str(proc.pid), "--threads", "--gil", "--nonblocking",
-                                  "-r", "250", "-f", "raw", "-o", str(out)], stdout=subprocess.DEVNULL,
+                # --native: the compiled hot path's C frames too (py-spy then pauses the process per sample)
+                native = ["--native"] if os.environ.get("BENCH_PYSPY_NATIVE") == "1" else ["--nonblocking"]
+                subprocess.Popen([profiler, "record", "--pid", str(proc.pid), "--threads", "--gil",
+                                  *native, "-r", "250", "-f", "raw", "-o", str(out)], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         return self
 

@@ -148,10 +148,17 @@ def test_backfill_racing_writes_ends_with_the_tables_contents_and_keeps_the_slot
 @contextmanager
 def _killed_mid_backfill(config: Path, db: Database, nats_srv: Nats, names: TestNames,
                          *args: str) -> Iterator[ServerProcess]:
-    """A pipeline killed with SIGKILL once a third of the rows are in the stream."""
+    """A pipeline killed with SIGKILL once a third of the rows are in the stream and the slot
+    has confirmed a low watermark written after a sixth were: one whose chunk is not the first
+    (the slot is confirmed one to two epochs behind what is stored: a fast backfill can store a
+    third before it confirms any chunk, and then a resume rightly starts from the table's start)."""
     with pipeline(config, *args) as proc:
-        wait_for(lambda: stored_count(nats_srv.url, names.stream) > ROWS // 3, timeout=120, interval=0.05,
-                 what="a third of the reads", check=lambda: assert_running(proc))
+        wait_for(lambda: stored_count(nats_srv.url, names.stream) > ROWS // 6, timeout=120, interval=0.05,
+                 what="a sixth of the reads", check=lambda: assert_running(proc))
+        mark = db.current_lsn()
+        wait_for(lambda: stored_count(nats_srv.url, names.stream) > ROWS // 3 and slot_confirmed(db) >= mark,
+                 timeout=120, interval=0.05, what="a third of the reads, and the slot past a later chunk",
+                 check=lambda: assert_running(proc))
         proc.stop(signal.SIGKILL)
         yield proc
 

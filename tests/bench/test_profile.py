@@ -32,3 +32,22 @@ def test_each_threads_cpu_is_spread_over_the_files_its_samples_were_in(tmp_path:
     assert rows[2] == "| reader-wf_w1 | 8.0 | connectors/postgres/decoder.py 6.0, connectors/postgres/session.py 2.0 |"
     assert rows[3] == "| main | 10.0 | transforms/render.py 5.0, bytewax 5.0 |"
     assert len(rows) == 4  # a thread without CPU has no row
+
+
+NATIVE = """\
+thread (21): MainThread;<module> (run.py:5);pyo3::call (_bytewax.so);Render.__call__ (transforms/render.py:1);\
+CPyDef_envelope___Envelope_____call__ (__native_walflow_hot.c:50624);_PyObject_Malloc (libpython3.11.so.1.0) 7
+thread (21): MainThread;<module> (run.py:5);CPyDef_render___Render_____call__ (__native_walflow_hot.c:9);\
+datetime_fromtimestamp (_datetimemodule.c:5204) 3
+thread (21): MainThread;<module> (run.py:5);pyo3::call (_bytewax.so);Py_DECREF (object.h:537) 2
+thread (22): walflow-reader-wf_w1;Session._read_burst (connectors/postgres/session.py:1);\
+CPyL_decoder____tuple (__native_walflow_hot.c:1) 4
+"""
+
+
+def test_with_native_frames_c_counts_to_the_compiled_module_or_python_frame_that_called_it(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(NATIVE)
+    found = samples(raw)
+    assert found["main"] == {"transforms/envelope.py": 7, "transforms/render.py": 3, "bytewax": 2}
+    assert found["reader-wf_w1"] == {"connectors/postgres/decoder.py": 4}
