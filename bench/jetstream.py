@@ -30,6 +30,8 @@ from nats.js.errors import NotFoundError
 from embedded.nats import NatsCluster, NatsServer
 
 T = TypeVar("T")
+#: Tries of a stream_info poll that timed out (30 s each) before a run gives up.
+_API_ATTEMPTS = 3
 
 #: Reply subject of a JetStream delivery: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
 #: <consumer seq>.<timestamp ns>.<pending>`` (v1), or v2 with domain and account hash in front
@@ -90,11 +92,18 @@ class JetStream:
         return self._state(stream)[1]
 
     def _state(self, stream: str) -> tuple[int, int]:
-        try:
-            info = self.run(self.js.stream_info(stream))
-        except NotFoundError:
-            return 0, 0
-        return int(info.state.messages), int(info.state.last_seq)
+        attempts = _API_ATTEMPTS
+        while True:
+            try:
+                info = self.run(self.js.stream_info(stream))
+            except NotFoundError:
+                return 0, 0
+            except nats.errors.TimeoutError:  # a cluster electing its leaders answers nothing for a while
+                attempts -= 1
+                if not attempts:
+                    raise
+                continue
+            return int(info.state.messages), int(info.state.last_seq)
 
     def add_stream(self, name: str, subjects: list[str]) -> None:
         """A stream as walflow creates one by default (file storage, 2 min duplicate window)."""
