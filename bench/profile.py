@@ -115,7 +115,9 @@ def table(run: dict[str, Any], profile: dict[str, Counter[str]], top: int = 8) -
         if us < 0.05:
             continue
         name = str(thread["name"]).removeprefix("walflow-")
-        counts = profile.get(name) or profile.get(name.split(":")[0]) or Counter()
+        # /proc's names are cut at 15 bytes (reader-wf_nofla), py-spy's are whole
+        counts = (profile.get(name) or profile.get(name.split(":")[0])
+                  or next((found for whole, found in profile.items() if whole.startswith(name)), Counter()))
         total = sum(counts.values())
         parts = [f"{where} {us * n / total:.1f}" for where, n in counts.most_common(top)] if total else []
         rest = us * sum(n for _, n in counts.most_common()[top:]) / total if total else us

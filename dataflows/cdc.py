@@ -35,6 +35,7 @@ from connectors.nats.state import SinkMemory
 from connectors.nats.target import SinkTarget
 from connectors.postgres.slot import confirmed_lsn
 from connectors.postgres.source import PostgresSource, Slot
+from core import compiled
 from core.display import fatal_line
 from core.errors import FatalError
 from core.runtime import FATAL_EXIT, RESTARTED, Runtime
@@ -180,6 +181,8 @@ def _load() -> Dataflow:
             configure_logging(config.walflow.log_level, config.walflow.log_format)
         if (epoch := apply_default_epoch()) is not None:
             log_flow.info("epochs of %g s (bytewax.run was given no -s)", epoch.total_seconds())
+        if (hot_path := compiled.implementation()) != "compiled":  # slower, never different: said once
+            log_flow.info("the hot path runs as %s", hot_path)
         if config.walflow.health.enabled:
             serve_health(runtime, config.walflow.health)
         directory = recovery_dir(sys.argv[1:], os.environ)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from bench.profile import samples, table
@@ -51,3 +52,9 @@ def test_with_native_frames_c_counts_to_the_compiled_module_or_python_frame_that
     found = samples(raw)
     assert found["main"] == {"transforms/envelope.py": 7, "transforms/render.py": 3, "bytewax": 2}
     assert found["reader-wf_w1"] == {"connectors/postgres/decoder.py": 4}
+
+
+def test_a_thread_name_cut_by_the_kernel_finds_its_whole_name() -> None:
+    run = {"processes": [{"threads": [{"name": "reader-wf_nofla", "cpu_us_per_change": 6.0}]}]}
+    rows = table(run, {"reader-wf_noflags": Counter({"connectors/postgres/decoder.py": 3})})
+    assert rows[2] == "| reader-wf_nofla | 6.0 | connectors/postgres/decoder.py 6.0 |"

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from core import compiled
+from embedded import wait_for
+from tests.harness import Database, Nats, TestNames
+from tests.pipeline import assert_running, pipeline, stored, write_config
 
 ROOT = compiled.ROOT
 #: The unit tests that exercise the compiled modules (their servers' tests are left out: a pure
@@ -77,3 +80,26 @@ def test_the_pure_python_modules_pass_the_same_unit_tests() -> None:
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", "-m", "not servers and not alone",
          *UNIT_TESTS], check=False, cwd=ROOT, env=_pure_env(), capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pure", [False, True], ids=["as-built", "pure-python"])
+def test_the_pipeline_streams_either_way_and_says_when_it_runs_pure_python(
+    tmp_path: Path, database: Database, nats_srv: Nats, names: TestNames, pure: bool
+) -> None:
+    with database.connect() as conn:
+        conn.execute("CREATE TABLE hot (id int PRIMARY KEY, at timestamptz, doc jsonb, amount numeric)")
+    sink = {"name": "hot", "destination": {"subject_prefix": names.subject_prefix, "stream": {"name": names.stream}}}
+    config = write_config(tmp_path, database, nats_srv, names, [sink])
+    env = {compiled.PURE_PYTHON_VARIABLE: "1"} if pure else {}
+    with pipeline(config, "-s", "1", env=env) as proc, database.connect() as conn:
+        wait_for(lambda: "streaming slot" in proc.log_tail(200), timeout=60, what="the slot to stream",
+                 check=lambda: assert_running(proc))
+        conn.execute("INSERT INTO hot VALUES (1, '2026-12-04 01:02:03.456789+00', '{\"a\": [1, 2]}', 12.50)")
+        conn.commit()
+        wait_for(lambda: len(stored(nats_srv.url, names.stream)) == 1, timeout=60, what="the change in the stream",
+                 check=lambda: assert_running(proc))
+        record = stored(nats_srv.url, names.stream)[0].event["record"]
+        assert record == {"id": 1, "at": "2026-12-04T01:02:03.456789Z", "doc": {"a": [1, 2]}, "amount": "12.50"}
+        said = proc.log_tail(400).count("the hot path runs as pure Python")
+        assert said == (1 if pure or compiled.implementation() != "compiled" else 0)
