@@ -39,7 +39,9 @@ def _figures(results: dict[str, Any], workload: str) -> dict[str, dict[str, floa
     """Per deployment: changes/s, CPU µs/change (and per thread of the slot's process), the source ceiling."""
     measured = results["workloads"][workload]
     out: dict[str, dict[str, float]] = {}
-    for name, run in measured["walflow"].items():
+    shaped = measured.get("shaped", {}).get("walflow", {})  # --shaping: the same deployments, shaped
+    runs = [*measured["walflow"].items(), *((f"{name} shaped", run) for name, run in shaped.items())]
+    for name, run in runs:
         source = measured["source_ceiling"]["changes_per_s"]
         figures = {"changes/s": run["changes_per_s"], "µs/change": run["cpu_us_per_change"],
                    "pg_recvlogical/s": source, "× pg_recvlogical": run["changes_per_s"] / source}

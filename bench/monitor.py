@@ -26,7 +26,11 @@ def process_tree(pid: int) -> list[int]:
     found = [pid]
     i = 0
     while i < len(found):
-        for task in Path(f"/proc/{found[i]}/task").glob("*/children"):
+        try:
+            tasks = list(Path(f"/proc/{found[i]}/task").glob("*/children"))
+        except OSError:  # it ended between being listed and being read
+            tasks = []
+        for task in tasks:
             try:
                 found.extend(int(child) for child in task.read_text().split())
             except OSError:
