@@ -11,9 +11,10 @@ change each part of walflow costs:
 
 With ``BENCH_PYSPY_NATIVE=1`` py-spy records C frames too, and a compiled module's functions
 count to its source file (mypyc's C names say which). Samples whose innermost frame is not
-walflow's own code are summed under the library they are in (``asyncio``, ``nats``, ``bytewax``); a thread's CPU outside the GIL (libpq, socket
-calls, Bytewax's Rust waiting) has no samples of its own and is spread with the rest: the
-figures are a thread's CPU in proportion to its Python, not a measure of each file alone.
+walflow's own code are summed under the library they are in (``asyncio``, ``nats``,
+``bytewax``); a thread's CPU outside the GIL (libpq, socket calls, Bytewax's Rust waiting)
+has no samples of its own and is spread with the rest: the figures are a thread's CPU in
+proportion to its Python, not a measure of each file alone.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ def extend(path: list[str], package: str) -> None:
 def build() -> str | None:
     """Compile :data:`MODULES` into ``build/compiled/<digest>/`` unless that build exists.
 
-    Returns what was done for ``./run.sh setup`` to say, None if the build was current. Needs mypy (the dev venv) and a C
-    compiler; raises whatever they raise, so setup can say why it fell back to pure Python.
+    Returns what was done for ``./run.sh setup`` to say, None if the build was current. Needs
+    mypy (the dev venv) and a C compiler; raises whatever they raise, so setup can say why it
+    fell back to pure Python.
     """
     target = BUILDS / digest()
     if (target / _STAMP).is_file():
@@ -121,8 +122,8 @@ def build() -> str | None:
         for library in out.glob(f"{GROUP}__mypyc*"):
             library.rename(out / _LIBRARY / library.name)
         (out / _STAMP).write_text(" ".join(MODULES) + "\n")
-        for old in BUILDS.iterdir():  # one build kept: the current one
-            if old.is_dir() and old != work:
+        for old in BUILDS.iterdir():  # one finished build kept, the current one (not a build under way)
+            if (old / _STAMP).is_file():
                 shutil.rmtree(old, ignore_errors=True)
         out.rename(target)
     finally:

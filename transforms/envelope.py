@@ -243,7 +243,7 @@ def _plain(value: Any, unix: bool, depth: int = 0) -> Any:
     if kind in _PLAIN:
         return value
     if depth >= _MAX_NESTING:
-        raise RecursionError
+        raise RecursionError  # Python's own way out of too deep a value: encode_json words both alike
     depth += 1
     if kind is dict:
         out: dict[str, Any] = {}

@@ -45,9 +45,16 @@ def test_every_compiled_module_exists_and_its_package_extends_its_path() -> None
         assert "extend(__path__, __name__)" in package.read_text(), f"{package} does not call core.compiled.extend"
 
 
-def test_the_digest_names_the_sources_and_the_python() -> None:
-    assert compiled.digest() == compiled.digest()
-    assert len(compiled.digest()) == 16
+def test_the_digest_changes_with_any_byte_of_a_compiled_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edited source is a build of other sources: never imported as the old one's."""
+    for source in compiled.MODULES:
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / source).write_bytes((ROOT / source).read_bytes())
+    monkeypatch.setattr(compiled, "ROOT", tmp_path)
+    assert compiled.digest() == (before := compiled.digest())
+    edited = tmp_path / compiled.MODULES[-1]
+    edited.write_bytes(edited.read_bytes() + b"\n")
+    assert compiled.digest() != before
 
 
 @pytest.mark.skipif(os.environ.get(compiled.PURE_PYTHON_VARIABLE) == "1", reason="the pure leg")
