@@ -84,8 +84,8 @@ def test_the_pure_python_modules_pass_the_same_unit_tests() -> None:
     if compiled.implementation() != "compiled":
         pytest.skip("this run is the pure-Python one already")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", "-m", "not servers and not alone",
-         *UNIT_TESTS], check=False, cwd=ROOT, env=_pure_env(), capture_output=True, text=True, timeout=280)
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
+         "-m", "not servers and not alone", *UNIT_TESTS], check=False, cwd=ROOT, env=_pure_env(), capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
