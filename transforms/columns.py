@@ -27,7 +27,6 @@ Postgres printed it.
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from decimal import Decimal
@@ -40,6 +39,7 @@ from pydantic_core import PydanticSerializationError, to_json
 from config.shaping import Columns, Mask
 from core.errors import FatalError
 from core.events import UNCHANGED_TOAST, JsonText, OversizedValue, Row, Table
+from core.keyed_hash import KeyedHash
 
 #: What a ``redact`` mask publishes in place of a value.
 REDACTED: Final = "[redacted]"
@@ -75,11 +75,11 @@ def _text_mask(mask: Mask, secret: str) -> TextMask:
     """The function ``mask`` applies to a value's text; ``secret`` keys a hash."""
     kind = mask.kind
     if kind == "hash":
-        key = secret.encode()
+        keyed = KeyedHash(secret.encode())
 
         def hashed(text: str) -> str:
             # surrogatepass: a lone surrogate (possible in a json column) hashes instead of raising
-            return hmac.digest(key, text.encode("utf-8", "surrogatepass"), "sha256").hex()
+            return keyed.hexdigest(text.encode("utf-8", "surrogatepass"))
 
         return hashed
     if kind == "redact":

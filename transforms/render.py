@@ -27,8 +27,6 @@ whatever ``on_error`` says. The README's *Shaping* and *Values too large* have t
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -306,7 +304,7 @@ class Render:
             if subject is None and not headers:
                 return base
             return Message(subject or base.subject, base.payload, base.msg_id, base.labels, base.commit_ts, headers)
-        key, pks = self._published_key(plan, change)
+        key, pks = self._published_key(plan, change, clear_key)
         before = change.old if action in ("update", "delete") else None
         columns = plan.columns
         if columns is not None:  # what is published from here on: masked values, key and enrichment
@@ -336,7 +334,7 @@ class Render:
     def _failed(self, plan: Plan | None, change: Change, failed: StepFailed) -> Message:
         """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter; always its dead
         letter for a message too large (``plan`` None: an unshaped table's)."""
-        key, pks = self._published_key(plan, change)
+        key, pks = self._published_key(plan, change, self._envelope.key(change))
         if self._sink.on_error == "stop" and failed.step != SIZE_STEP:
             raise FatalError(
                 f"{self._label}: {failed.step} failed for {change.schema}.{change.table} {change.action} at commit LSN "
@@ -362,15 +360,15 @@ class Render:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _published_key(self, plan: Plan | None, change: Change) -> tuple[bytes, tuple[str, ...]]:
-        """``change``'s idempotency key and ``record_pks`` as published: with a masked key column,
-        the texts masked and a backfill read's row key (which its id names) hidden by a keyed hash."""
+    def _published_key(self, plan: Plan | None, change: Change, key: bytes) -> tuple[bytes, tuple[str, ...]]:
+        """``change``'s idempotency key and ``record_pks`` as published, from its key in clear
+        (:meth:`Envelope.key`): with a masked key column, the texts masked and a backfill read's
+        row key (which its id names) hidden by a keyed hash."""
         columns = None if plan is None else plan.columns
         if columns is None or not columns.masks_key:
-            return self._envelope.key(change), change.pks
-        key = self._envelope.key(change)
-        if change.read is not None and plan is not None and plan.id_secret is not None:
-            hidden = hmac.new(plan.id_secret, change.read.row_key.encode(), hashlib.sha256).hexdigest()
+            return key, change.pks
+        if change.read is not None and plan is not None and plan.id_hash is not None:
+            hidden = plan.id_hash.hexdigest(change.read.row_key.encode())
             key = self._envelope.read_key(change.read.backfill, hidden)
         return key, columns.pks(change.pks)
 

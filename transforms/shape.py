@@ -32,6 +32,7 @@ from config.shaping import (
 )
 from core.errors import FatalError
 from core.events import Table
+from core.keyed_hash import KeyedHash
 from transforms.columns import ColumnShaper
 from transforms.conditions import RowFilter
 from transforms.filter import SinkFilter
@@ -54,9 +55,9 @@ class Plan:
     columns: ColumnShaper | None
     transform: Transformer | None
     router: Router
-    #: The key of the hash that hides a backfill read's row key in its id, when a key column
-    #: is masked (None: none is masked).
-    id_secret: bytes | None
+    #: The keyed hash that hides a backfill read's row key in its id, when a key column is
+    #: masked (None: none is masked).
+    id_hash: KeyedHash | None
     #: Whether the payload is the envelope's unshaped one (only filters and routing apply):
     #: the envelope's own path then makes it.
     plain: bool
@@ -142,19 +143,19 @@ class Shaping:
         if isinstance(route_spec, SubjectRouting):
             _check_templates(route_spec, route_key, table,
                              table.columns if columns is None else columns.published)
-        id_secret = None
+        id_hash = None
         if columns is not None and columns.masks_key:
             if self._secret is None:
                 raise FatalError(
                     f"{where}.columns: a key column of table {table.qualified} is masked, so a backfill's read ids "
                     "(which name the row's key) hide it with a keyed hash: set walflow.mask_secret")
-            id_secret = self._secret.encode()
+            id_hash = KeyedHash(self._secret.encode())
         router = Router(route_spec, self._load(route_spec, route_key), sink, self.database.name,
                         self._stream_subjects, key=route_key, dead_letter_key=f"{self._path}.dead_letter_subject")
         enriched = enrichment if isinstance(enrichment, Enrichment) else None
         plain = (columns is None and self._transform is None and enriched is None and toast == "placeholder"
                  and sink.envelope == "sequin")
-        return Plan(toast, enriched, rows, tuple(callables), columns, self._transform, router, id_secret, plain)
+        return Plan(toast, enriched, rows, tuple(callables), columns, self._transform, router, id_hash, plain)
 
 
 #: A template's placeholder of a row's column: ``{record.COLUMN}`` or ``{record.COLUMN.KEY…}``.
