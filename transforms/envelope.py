@@ -529,7 +529,9 @@ class Envelope:
             out = _dumps(row, default=self._default, option=self._options)
         except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write
             return self._exact(row)
-        if (b"null" in out and (nulls := out.count(b"null")) != _nones(row) and nulls != _nones(row) + _fragment_nulls(row)) or (
+        # find, not ``in``: bytes ``in`` raises and clears a TypeError per call (types.json_loads)
+        if (out.find(b"null") >= 0 and (nulls := out.count(b"null")) != _nones(row)
+                and nulls != _nones(row) + _fragment_nulls(row)) or (
             self._timestamps and _EXACT_TIMESTAMP.search(out) is not None
         ):
             return self._exact(row)

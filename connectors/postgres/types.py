@@ -127,7 +127,9 @@ def json_loads(data: bytes) -> Any:
     ``JsonText`` (a condition's or a transform's path cannot look inside it).
     """
     scanned = data.translate(_SCAN)
-    if _DIGITS_19 not in scanned:
+    # find, not ``in``: CPython's bytes ``in`` tries its operand as an int first, and raises and
+    # clears a TypeError (its message formatted) for every bytes operand: twice the cost
+    if scanned.find(_DIGITS_19) < 0:
         try:
             value = orjson.loads(data)
         except orjson.JSONDecodeError:  # Postgres printed it, so it is JSON that orjson refuses
