@@ -34,11 +34,15 @@ MODULES: Final = (
     "connectors/postgres/types.py",
     "core/ids.py",
     "core/wire.py",
+    "transforms/columns.py",
+    "transforms/conditions.py",
     "transforms/convert.py",
     "transforms/dispatch.py",
     "transforms/envelope.py",
     "transforms/group.py",
+    "transforms/record.py",
     "transforms/render.py",
+    "transforms/route.py",
 )
 #: One shared library for all of them, so calls between them stay C calls.
 GROUP: Final = "walflow_hot"

@@ -156,6 +156,9 @@ class _Template:
                 if meta is None:
                     meta = metadata()
                 found = _lookup(meta, value, "metadata", self.where)
+            if type(found) is int:  # the usual key: its digits (and sign) need no escaping
+                out.append(str(found))
+                continue
             text = _text(found, value, "record" if kind == _RECORD else "metadata", self.where)
             out.append(_token(text) if self.escape else text)
         return "".join(out)

@@ -113,7 +113,8 @@ def test_an_unexpected_failure_in_a_step_follows_the_policy_too(tmp_path: Path, 
     def failing(*_: Any) -> bool:
         raise AssertionError("a bug in a step")
 
-    object.__setattr__(plan, "rows", failing)
+    assert plan.rows is not None
+    plan.rows._checks = (failing,)  # a condition with a bug in it
     table = broken.table
     render._tables[table.uid] = table
     render._plans[table.uid] = plan
