@@ -26,9 +26,8 @@ The rules value by value, and why two encoders: docs/design.md, ``transforms/env
 from __future__ import annotations
 
 import logging
-import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Final
@@ -61,11 +60,45 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _NAIVE_EPOCH: Final = datetime(1970, 1, 1)
 #: Where the derived ids of consumers and databases live (uuid5 names below it).
 _ID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/walflow/walflow")
-#: A timestamp or time in orjson's output (``OPT_UTC_Z``) that the exact encoder writes
-#: otherwise: whole seconds (naive, ``Z`` or an offset: no fraction), any offset but UTC, or a
-#: time of 10,000-99,999 microseconds (orjson 3.11 writes five digits: ``00:00:00.10000``).
-#: Whole-second times are written alike, but taken as exact too: one pattern is cheaper.
-_EXACT_TIMESTAMP: Final = re.compile(rb':\d\d:\d\d(?:"|Z"|[+-]|\.\d{5}"|\.\d{6}[+-])')
+_ZERO: Final = timedelta(0)
+#: The types a row's values have that hold no timestamp (checked first, by exact type), and those that may.
+_TIMELESS: Final = frozenset({str, int, float, bool, type(None), Decimal, dict, date, uuid.UUID, JsonText,
+                              UnchangedToast, OversizedValue})
+_TIMED: Final = (datetime, time, list, tuple)
+
+
+def _inexact_times(values: Iterable[Any]) -> bool:
+    """Whether orjson (``OPT_UTC_Z``) writes one of a row's timestamps or times (in an array too)
+    otherwise than the exact encoder: whole seconds (no fraction, where the exact encoder writes
+    six digits), any offset but UTC's (orjson rounds a seconds offset the exact encoder
+    truncates; both are rare enough to send every such row the exact way), or a time of
+    10,000-99,999 microseconds (orjson 3.11 writes five digits: ``00:00:00.01000``). Checked on
+    the values, not found in the output: a pattern searched through each row's JSON cost ten
+    times more. ``tests/transforms/test_envelope.py`` holds it to orjson's output of every
+    microsecond and offset kind."""
+    stamp, clock, utc, timeless = datetime, time, UTC, _TIMELESS  # locals: no global lookup per value
+    for value in values:
+        kind = type(value)
+        if kind in timeless:
+            continue
+        if kind is stamp:
+            if value.microsecond == 0:
+                return True
+            zone = value.tzinfo
+            if zone is not None and zone is not utc and value.utcoffset() != _ZERO:
+                return True
+        elif kind is clock:  # naive: orjson refuses an aware time (the row takes the exact way)
+            fraction = value.microsecond
+            if fraction == 0 or 10_000 <= fraction < 100_000:
+                return True
+        elif kind is list:
+            if _inexact_times(value):
+                return True
+        elif isinstance(value, _TIMED):  # a subclass: the exact way
+            return True
+    return False
+
+
 _dumps: Final = orjson.dumps
 #: The payload around its parts: record, changes, head (:meth:`Envelope._head`), commit
 #: timestamp, commit LSN and index, idempotency key, record_pks, transaction annotations, and
@@ -532,7 +565,7 @@ class Envelope:
         # find, not ``in``: bytes ``in`` raises and clears a TypeError per call (types.json_loads)
         if (out.find(b"null") >= 0 and (nulls := out.count(b"null")) != _nones(row)
                 and nulls != _nones(row) + _fragment_nulls(row)) or (
-            self._timestamps and _EXACT_TIMESTAMP.search(out) is not None
+            self._timestamps and _inexact_times(row.values())
         ):
             return self._exact(row)
         return out

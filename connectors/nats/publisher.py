@@ -496,7 +496,8 @@ class AckPublisher:
         if entry is None:
             return  # an ack for a message already given up on (and re-sent)
         found = _SEQ.search(data)
-        if found is not None and (b'"error"' not in data or _ERROR.search(data) is None):
+        # find, not ``in``: bytes ``in`` raises and clears a TypeError per call (connectors/postgres/types.py)
+        if found is not None and (data.find(b'"error"') < 0 or _ERROR.search(data) is None):
             entry.seq = int(found.group(1))
             message = entry.message
             row = message.row

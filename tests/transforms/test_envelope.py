@@ -897,6 +897,23 @@ def test_rows_orjson_would_write_otherwise_take_the_exact_encoder(row: Row, text
     assert text in step.encode_row(row)
 
 
+@pytest.mark.parametrize("zone", [None, dt.UTC, ZoneInfo("UTC"), ZoneInfo("Europe/Amsterdam"), dt.timezone(dt.timedelta(0)),
+                                  dt.timezone(dt.timedelta(seconds=1)), dt.timezone(-dt.timedelta(hours=8))])
+def test_timestamps_and_times_of_every_fraction_boundary_are_the_exact_encoders(zone: dt.tzinfo | None) -> None:
+    """Which timestamps orjson writes otherwise is decided on the values (_inexact_times), not found
+    in its output: every kind of fraction and offset, alone, in an array, beside another value."""
+    step = envelope()
+    for micros in (0, 1, 9_999, 10_000, 10_001, 99_999, 100_000, 123_456, 999_999):
+        for year in (1900, 2026):
+            stamp = dt.datetime(year, 12, 4, 3, 55, 37, micros, tzinfo=zone)
+            values: list[Any] = [stamp, [stamp, None], [[stamp]], "12:00:00"]
+            if zone is None:
+                values.append(dt.time(3, 55, 37, micros))
+            for value in values:
+                row = {"id": 7, "v": value, "at": dt.datetime(2026, 1, 1, 0, 0, 0, 5)}
+                assert step.encode_row(row) == exact(step, row), (value, zone)
+
+
 @given(st.datetimes(timezones=st.sampled_from([dt.UTC, ZoneInfo("UTC"), dt.timezone(dt.timedelta(hours=-3))])))
 def test_commit_timestamps_are_rendered_as_before(ts: dt.datetime) -> None:
     _, rendered, committed = envelope()._commit_time(ts)
