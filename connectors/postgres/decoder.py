@@ -39,7 +39,7 @@ from connectors.postgres.messages import ANNOTATIONS_CLEAR, ANNOTATIONS_SET, HEA
 from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, pg_timestamp
 from connectors.postgres.relations import Column, Relation, TypeName
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, Table
+from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, RawValue, Table
 from core.sizes import largest, replaced
 
 #: An index beyond any transaction's last: "all of it" in ResumePoint.emitted_up_to.
@@ -333,23 +333,23 @@ class Decoder:
             if marker != _NEW:
                 raise DecodeError(f"Insert: expected 'N' (new tuple), got {bytes([marker])!r}")
             action = "insert"
-            new, pos = _tuple(buf, pos, ncols)
+            new, pos = _read_tuple(buf, pos, ncols)
         elif tag == _UPDATE:
             action = "update"
             old_is_key = marker == _KEY
             if marker == _KEY or marker == _OLD:
-                old, pos = _tuple(buf, pos, ncols)
+                old, pos = _read_tuple(buf, pos, ncols)
                 marker = buf[pos]
                 pos += 1
             if marker != _NEW:
                 raise DecodeError(f"Update: expected 'N' (new tuple), got {bytes([marker])!r}")
-            new, pos = _tuple(buf, pos, ncols)
+            new, pos = _read_tuple(buf, pos, ncols)
         else:
             if marker != _KEY and marker != _OLD:
                 raise DecodeError(f"Delete: expected 'K' or 'O' (old tuple), got {bytes([marker])!r}")
             action = "delete"
             old_is_key = marker == _KEY
-            old, pos = _tuple(buf, pos, ncols)
+            old, pos = _read_tuple(buf, pos, ncols)
         if pos != len(buf):
             raise DecodeError(f"{len(buf) - pos} unexpected trailing bytes at offset {pos}")
         self.received = max(self.received, start)
@@ -494,35 +494,69 @@ class Decoder:
             self._on_ignored(prefix.decode(), reason, detail)
 
 
-def _tuple(buf: bytes | memoryview, pos: int, ncols: int) -> tuple[RawRow, int]:
+def _read_tuple(buf: bytes | memoryview, pos: int, ncols: int) -> tuple[RawRow, int]:
+    if isinstance(buf, bytes):
+        return _tuple(buf, pos, ncols)
+    return _view_tuple(buf, pos, ncols)
+
+
+def _tuple(buf: bytes, pos: int, ncols: int) -> tuple[RawRow, int]:
     """The TupleData at ``pos`` (Int16 count, then per column a kind byte and, for ``t``, an
-    Int32 length and the text), and the offset after it. Runs for every column of every change."""
-    (count,) = _U16.unpack_from(buf, pos)
+    Int32 length and the text), and the offset after it. Runs for every column of every change:
+    on ``bytes``, so that compiled (core/compiled.py) each byte read is a C index and each length
+    four of them, not a ``struct`` call; a large message's view takes :func:`_view_tuple`."""
+    count = buf[pos] << 8 | buf[pos + 1]
     if count != ncols:
         raise DecodeError(f"a tuple of {count} columns, the relation has {ncols}")
     pos += 2
     size = len(buf)
-    unpack_length = _U32.unpack_from
-    values: list[Any] = []  # bytes, or views of a large message (Decoder._large): RawValues both
-    append = values.append
+    values: list[Any] = []
     for _ in range(count):
         kind = buf[pos]
         if kind == _TEXT:
-            (length,) = unpack_length(buf, pos + 1)
+            length = buf[pos + 1] << 24 | buf[pos + 2] << 16 | buf[pos + 3] << 8 | buf[pos + 4]
             start = pos + 5
             pos = start + length
             if pos > size:
                 raise DecodeError(f"a {length}-byte value at offset {start} runs past the end")
-            append(buf[start:pos])
-        elif kind == _NULL:
-            append(None)
+            values.append(buf[start:pos])
+        else:
+            values.append(_no_text(kind, pos))
             pos += 1
-        elif kind == _UNCHANGED:
-            append(UNCHANGED_TOAST)
-            pos += 1
-        else:  # 'b' (binary) only comes with the binary option, which the session does not set
-            raise DecodeError(f"unexpected tuple data kind {bytes([kind])!r} at offset {pos}")
     return tuple(values), pos
+
+
+def _view_tuple(buf: memoryview, pos: int, ncols: int) -> tuple[RawRow, int]:
+    """:func:`_tuple` on a view of a large message (``Decoder._large``): its values are views,
+    each copied once later, never the whole message. Rare: ``struct`` reads it."""
+    (count,) = _U16.unpack_from(buf, pos)
+    if count != ncols:
+        raise DecodeError(f"a tuple of {count} columns, the relation has {ncols}")
+    pos += 2
+    values: list[Any] = []
+    for _ in range(count):
+        kind = buf[pos]
+        if kind == _TEXT:
+            (length,) = _U32.unpack_from(buf, pos + 1)
+            start = pos + 5
+            if start + length > len(buf):
+                raise DecodeError(f"a {length}-byte value at offset {start} runs past the end")
+            values.append(buf[start : start + length])
+            pos = start + length
+        else:
+            values.append(_no_text(kind, pos))
+            pos += 1
+    return tuple(values), pos
+
+
+def _no_text(kind: int, pos: int) -> RawValue:
+    """A column without text: NULL, or a TOASTed value the change left alone; 'b' (binary) only
+    comes with the binary option, which the session does not set."""
+    if kind == _NULL:
+        return None
+    if kind == _UNCHANGED:
+        return UNCHANGED_TOAST
+    raise DecodeError(f"unexpected tuple data kind {bytes([kind])!r} at offset {pos}")
 
 
 def _relation(buf: bytes, pos: int) -> Relation:
