@@ -114,6 +114,8 @@ class Render:
         # a change's payload within this fits whatever its id (one check per message on the unshaped
         # path; a read's id names its row's key, of no fixed length: reads are measured whole)
         fits = room - self._longest_id
+        # a transaction's changes (a backfill chunk's reads) share one commit time: made once
+        last_micros, last_time = -1, commit_time(0)
         for batch in batches:
             for item in opened(batch):
                 head = item[0]
@@ -123,7 +125,9 @@ class Render:
                         raise RuntimeError(f"a change names table version {head}, which was not described to this "
                                            "partition first: the items from the slot's worker arrived out of order")
                     _, action, new, old, old_is_key, lsn, idx, micros, xid, read, annotations, row = item  # type: ignore[misc]
-                    change = convert_fields(action, table, new, old, old_is_key, lsn, idx, commit_time(micros), xid,
+                    if micros != last_micros:
+                        last_micros, last_time = micros, commit_time(micros)
+                    change = convert_fields(action, table, new, old, old_is_key, lsn, idx, last_time, xid,
                                             None if read is None else ReadOf(*read), annotations)
                     plan = plans[head]
                     if plan is None:
