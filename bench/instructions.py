@@ -1,0 +1,154 @@
+"""Instructions per change of the hot path's steps, counted by callgrind: what noise does not move.
+
+This machine's speed moves by half within an hour, so a change of a few percent is lost in
+any timed run, A/B pairs included. An instruction count is not: it is the same on every run
+of the same code. This counts, with valgrind's callgrind, the instructions one change costs
+in the steps that are walflow's own CPU and need no server:
+
+- ``decode``: the reader's decoder, a one-row transaction (Begin, an Insert of the bench
+  table's seven columns, Commit), from CopyData bytes to the staged change;
+- ``render``: a sink partition's step (conversion, the envelope, the message) for the mixed
+  workload's changes, 60 % inserts, 30 % updates, 10 % deletes, unshaped;
+- ``shaped``: the same with the benchmark's ``--shaping typical`` (bench/walflow.py).
+
+Each is run twice under callgrind, over the same inputs once and six times: the difference
+over five passes is the steps' own cost, startup and imports left out. Not counted: libpq,
+Bytewax, the NATS loop (they need the servers; the bench's per-thread CPU has them)::
+
+    python -m bench.instructions                 # this checkout, as built (compiled or not)
+    python -m bench.instructions --tree /tmp/old # another checkout's walflow, the same inputs
+
+Needs valgrind. A checkout's compiled build is used if it is current (core/compiled.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The bench table's columns and the Postgres types their texts are (bench/workloads.py).
+_COLUMNS = (("id", 23), ("string_field", 25), ("numeric_field", 1700), ("timestamp_field", 1184),
+            ("json_field", 3802), ("inserted_at", 1114), ("updated_at", 1114))
+#: Changes per pass.
+CHANGES = 2000
+_PASSES = (1, 6)
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def _texts(i: int) -> tuple[bytes, ...]:
+    """Row ``i`` of the bench table as Postgres prints it (a ~100 B row, as workload (a)'s)."""
+    return (str(i).encode(), b"x" * 40, b"%d.%d" % (i, i % 100), b"2026-12-04 03:55:37.123456+00",
+            b'{"a": %d, "b": "hello"}' % i, b"2026-12-04 03:55:37.123456", b"2026-12-04 03:55:37.123456")
+
+
+def _decode(passes: int) -> int:
+    from connectors.postgres.decoder import Decoder, ResumePoint
+    from tests import pgoutput_reference as ref
+    from tests.copydata import TS, FakeCatalog, text, xlog
+
+    relation = ref.Relation(None, 16401, "public", "benchmark_records", "d",
+                            tuple(ref.Column(int(i == 0), name, 25, -1) for i, (name, _) in enumerate(_COLUMNS)))
+    messages = []
+    for i in range(CHANGES):
+        lsn = 1000 + i * 1000
+        messages += [xlog(ref.Begin(lsn, TS, 7 + i), lsn - 100),
+                     xlog(ref.Insert(None, 16401, text(*(value.decode() for value in _texts(i)))), lsn - 50),
+                     xlog(ref.Commit(0, lsn, lsn + 100, TS), lsn)]
+    staged = 0
+    for _ in range(passes):
+        decoder = Decoder(FakeCatalog(), ResumePoint())
+        decoder.feed(xlog(relation))
+        for message in messages:
+            decoder.feed(message)
+        staged += sum(1 for item in decoder.take()[0] if type(item) is not int)  # the changes, not positions
+    return staged
+
+
+def _render(passes: int, shaped: bool) -> int:
+    from bench.walflow import BENCH_TABLE, MASK_SECRET, SHAPINGS
+    from connectors.postgres.types import TypeSpecs, loaders_for
+    from core.events import RawChange, Table
+    from core.wire import DESCRIBE, pack
+    from tests.transforms.samples import ROOM, TS, make_render, make_sink
+
+    types = TypeSpecs(tuple(oid for _, oid in _COLUMNS), ())
+    schema, name = BENCH_TABLE.split(".") if "." in BENCH_TABLE else ("public", BENCH_TABLE)
+    table = Table(schema, name, tuple(column for column, _ in _COLUMNS), ("id",), ("id",), loaders_for(types), "app", 1)
+    items: list[Any] = []
+    for i in range(CHANGES):
+        kind = i % 10
+        if kind < 6:
+            change = RawChange("insert", table, _texts(i), None, False, 1000 + i, 0, TS, 9)
+        elif kind < 9:
+            change = RawChange("update", table, _texts(i), None, False, 1000 + i, 0, TS, 9)
+        else:
+            change = RawChange("delete", table, None, (str(i).encode(), *(None,) * 6), True, 1000 + i, 0, TS, 9)
+        items.append(pack(change, i))
+    shaping = SHAPINGS["typical"]
+    assert shaping is not None
+    extra = shaping.sink if shaped else {}
+    sink = make_sink(destination={"type": "nats", "host": "localhost", "subject_prefix": "wf"}, **extra)
+    render = make_render(sink, secret=MASK_SECRET)
+    render([[(DESCRIBE, table)]], ROOM)
+    messages = 0
+    for _ in range(passes):
+        for start in range(0, CHANGES, 500):  # batches as a sink partition gets them
+            messages += len(render([items[start : start + 500]], ROOM))
+    return messages
+
+
+def step(name: str, passes: int) -> int:
+    """One run of step ``name``, ``passes`` times over the same inputs (what callgrind counts):
+    how many changes it staged or messages it made."""
+    if name == "decode":
+        return _decode(passes)
+    if name in ("render", "shaped"):
+        return _render(passes, shaped=name == "shaped")
+    raise SystemExit(f"no step '{name}': decode, render, shaped")
+
+
+def _count(tree: Path, step: str, passes: int) -> int:
+    """callgrind's instruction total of one run of ``step`` in ``tree``."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+         "--run", step, "--passes", str(passes), "--tree", str(tree)],
+        cwd=tree, capture_output=True, text=True, check=False, env={**os.environ, "PYTHONHASHSEED": "0"})
+    found = _COLLECTED.search(done.stderr)
+    if done.returncode or found is None:
+        raise SystemExit(f"callgrind failed on {step} in {tree} (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="the checkout whose walflow runs [this one]")
+    parser.add_argument("--steps", default="decode,render,shaped", help="of decode, render, shaped [all]")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # one counted run (what this starts under callgrind)
+    parser.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tree = args.tree.resolve()
+    if args.run:
+        sys.path.insert(0, str(tree))  # run as a file: that checkout's walflow (and its build), this harness
+        step(args.run, args.passes)
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed: it counts the instructions (apt install valgrind)")
+    implementation = subprocess.run([sys.executable, "-c", "from core import compiled; print(compiled.implementation())"],
+                                    cwd=tree, capture_output=True, text=True, check=True).stdout.strip()
+    print(f"{tree}: hot path {implementation}")
+    for name in args.steps.split(","):
+        low, high = (_count(tree, name, passes) for passes in _PASSES)
+        per = (high - low) / ((_PASSES[1] - _PASSES[0]) * CHANGES)
+        unit = "one-row transaction" if name == "decode" else "change"
+        print(f"{name:>7}: {per:,.0f} instructions per {unit}")
+
+
+if __name__ == "__main__":
+    main()
