@@ -1,8 +1,8 @@
 """The hot path compiled with mypyc, the pure-Python modules kept as its reference and fallback.
 
 Every change crosses the same few modules (decoding, type loading, ids, the exchange's wire
-form, conversion, dispatch, the envelope, grouping, rendering); under one GIL their
-interpreter overhead is most of walflow's CPU per change (README: Performance). mypyc compiles
+form, conversion, dispatch, the envelope, grouping, rendering, the publisher's window); under
+one GIL their interpreter overhead is most of walflow's CPU per change (README: Performance). mypyc compiles
 them from the same strictly typed sources into C extensions: no second implementation to keep
 in step, and the ``.py`` files stay what the tests and a reader see (as psycopg keeps its
 Python implementation beside its C one).
@@ -30,6 +30,7 @@ from typing import Final
 
 #: The modules compiled, as their sources' paths from the project root.
 MODULES: Final = (
+    "connectors/nats/window.py",
     "connectors/postgres/decoder.py",
     "connectors/postgres/types.py",
     "core/ids.py",

@@ -178,8 +178,8 @@ class AtomicPublisher(AckPublisher):
         if not nc.is_connected:
             return PublishFailed("NATS is disconnected")
         batch_id = urlsafe_b64encode(os.urandom(18))
-        self._token += 1
-        reply = self._reply_prefix + b"%d" % self._token
+        self._window.token += 1
+        reply = self._window.reply_prefix + b"%d" % self._window.token
         last = len(batch) - 1
         commands = []
         for i, message in enumerate(batch):
@@ -240,5 +240,5 @@ class AtomicPublisher(AckPublisher):
     def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
         """The answer to a batch's commit (only the commit carries a reply subject)."""
         answer = self._answer
-        if answer is not None and not answer.done() and subject == self._reply_prefix + b"%d" % self._token:
+        if answer is not None and not answer.done() and subject == self._window.reply_prefix + b"%d" % self._window.token:
             answer.set_result((data, headers))

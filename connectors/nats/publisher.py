@@ -33,15 +33,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Final
 
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.regression import LOOK_EVERY, Acked, AckTimes, Regression
+from connectors.nats.window import HEADERS_SIZE, InFlight, Window
 from core.errors import (
     JETSTREAM_PUBLISH,
     FatalError,
@@ -59,9 +57,6 @@ from core.metrics import CounterBatch, Metrics
 
 log = logging.getLogger("walflow.nats")
 
-_SEQ = re.compile(rb'"seq":\s*(\d+)')
-#: An ack that carries an error object (a stream may well be named "error": match the key).
-_ERROR = re.compile(rb'"error"\s*:')
 #: Once the window is full, wait until this share of it is acknowledged before sending
 #: more: a wake-up per ack would send one message per socket write.
 _REFILL = 4
@@ -72,39 +67,11 @@ _LOST_CHECK = 0.25
 _LOOK_WARN_EVERY = 30.0
 
 
-@dataclass(slots=True)
-class _InFlight:
-    message: Message
-    #: When the message was first sent, and this partition's last acked sequence then:
-    #: a message stored but unacknowledged has a higher sequence than that.
-    first_sent: float
-    floor_seq: int
-    seq: int = 0  # the stream sequence, once acknowledged
-    error: PublishError | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.seq > 0 or self.error is not None
-
-    @property
-    def published_on(self) -> str:
-        return self.message.subject.decode()
-
-
-#: One ``HPUB`` command, as the NATS protocol spells it: subject, reply subject (the inbox's
-#: prefix and a token), the header block's size and the whole size, ``Nats-Msg-Id`` and the
-#: message's own header lines (none: nothing) in the header block, the payload. One format
-#: per message: this runs for every message.
-_HPUB: Final = b"HPUB %s %s%d %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %s\r\n%s\r\n%s\r\n"
-#: The header block's size without the id (nor a message's own lines).
-_HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
-
-
 def payload_room(max_payload: int) -> int:
     """What a message's payload, ``Nats-Msg-Id`` and own header lines may take together on a
-    server with ``max_payload``, as :meth:`AckPublisher._commands` counts them: where render
+    server with ``max_payload``, as :meth:`connectors.nats.window.Window.commands` counts them: where render
     re-renders a message too large (``transforms/render.py``) before it gets here."""
-    return max_payload - _HEADERS_SIZE
+    return max_payload - HEADERS_SIZE
 
 
 class AckPublisher:
@@ -139,26 +106,17 @@ class AckPublisher:
         self._stored_since = stored_since
         self._duplicate_window = duplicate_window
         self._skip = skip  # ids found already in the stream at startup (connectors/nats/replay.py)
-        self._window = window
+        self._size = window
         self._ack_timeout = ack_timeout
         self._label = label
         self._inbox = nc.new_inbox()
-        self._reply_prefix = f"{self._inbox}.".encode()
-        self._token_at = len(self._reply_prefix)  # where an ack's subject has its token
-        self._token = 0
-        self._waiting: dict[int, _InFlight] = {}
-        #: Each row's message in flight (by :attr:`core.events.Message.row`), until it is stored.
-        self._rows: dict[int, _InFlight] = {}
-        #: Messages held back, in order, because their row has a message in flight (or held):
-        #: sent once it is stored. They count against the window.
-        self._held: list[_InFlight] = []
-        self._held_rows: dict[int, int] = {}
+        #: The messages in flight and held back (nothing of it waits on I/O: compiled with the hot path).
+        self._window = Window(f"{self._inbox}.".encode())
         #: A release of held messages is scheduled (an ack freed a row of theirs), and the task.
         self._release: asyncio.Task[None] | None = None
         self._settling = False  # settle re-sends failures ahead of held messages: no release meanwhile
-        self._inflight: deque[_InFlight] = deque()
         self._sid: int | None = None
-        self._wake: tuple[_InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
+        self._wake: tuple[InFlight, asyncio.Future[None]] | None = None  # who waits for which ack
         self._failed = False  # JetStream refused a message in the window: settle before sending more
         self._generation = nc.stats["reconnects"]  # the connection the window's messages went out on
         self._sent_on = self._generation  # the connection the latest messages were written to
@@ -178,7 +136,7 @@ class AckPublisher:
         self._latency = metrics.commit_to_ack.batch(sink)
         self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
         self._window_wait = metrics.backpressure.labels("sink_window")
-        metrics.track_window(sink, lambda: len(self._inflight), window)
+        metrics.track_window(sink, lambda: len(self._window.inflight), window)
 
     async def start(self) -> None:
         self._sid = await self._nc.subscribe_direct(f"{self._inbox}.*", self._on_ack)
@@ -200,21 +158,22 @@ class AckPublisher:
         now, sent = time.monotonic(), 0
         if self._looked is None or self._looked[0] != self._nc.stats["reconnects"]:
             await self._look_again()  # a stream a new connection finds may have gone back
+        window = self._window
         while sent < len(messages):
-            if self._held:
+            if window.held:
                 await self._send_held()
-            if self._inflight and (
+            if window.inflight and (
                 self._failed or not self._nc.is_connected or self._nc.stats["reconnects"] != self._generation
             ):
                 await self.settle()
-            room = self._window - len(self._inflight) - len(self._held)
+            room = self._size - len(window.inflight) - len(window.held)
             if room <= 0:
                 waiting_since = time.monotonic()
                 await self._make_room()
                 self._window_wait.inc(time.monotonic() - waiting_since)
                 continue
             floor = self.last_seq
-            chunk = [_InFlight(message, now, floor) for message in messages[sent : sent + room]]
+            chunk = [InFlight(message, now, floor) for message in messages[sent : sent + room]]
             sent += len(chunk)
             if not await self._send(chunk):  # not all of it went out: settle before anything newer
                 await self.settle()
@@ -275,18 +234,19 @@ class AckPublisher:
 
     async def _settle_rounds(self) -> None:
         delay = 0.1
-        while self._inflight or self._held:
-            if self._held:
+        window = self._window
+        while window.inflight or window.held:
+            if window.held:
                 await self._send_held()  # what did not go out is in the window as failed: this round sees it
             self._generation = self._nc.stats["reconnects"]
-            batch = list(self._inflight)
-            self._inflight.clear()
+            batch = list(window.inflight)
+            window.inflight.clear()
             deadline = time.monotonic() + self._ack_timeout
             for entry in batch:
                 if not entry.done and not await self._until_done(entry, deadline - time.monotonic()):
                     break  # the rest waited as long: whatever is not acked now has failed
             lost = self._connection_lost()
-            failed: list[_InFlight] = []
+            failed: list[InFlight] = []
             no_stream = False
             reason = ""
             retries: defaultdict[str, int] = defaultdict(int)  # by metrics' reason
@@ -316,8 +276,8 @@ class AckPublisher:
                 failed.append(entry)
             if stored is not None:
                 self._stored(stored)
-            self._waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
-            self._rows.clear()
+            window.waiting.clear()  # a late ack of a failed message changes nothing: it is re-sent
+            window.rows.clear()
             self._failed = False
             for why, n in retries.items():
                 self._metrics.publish_retries.labels(self._sink, why).inc(n)
@@ -345,28 +305,28 @@ class AckPublisher:
             failed = await self._drop_stored(failed)
             self._generation = self._nc.stats["reconnects"]
             # ahead of the held ones: they are older than any held message of their row
-            self._held[:0] = [replace(old, seq=0, error=None) for old in failed]
+            window.held[:0] = [old.again() for old in failed]
             await self._send_held()
 
     async def _make_room(self) -> None:
         """Wait until a share of the full window is acknowledged; settle if a message failed."""
-        if not self._inflight:
+        inflight = self._window.inflight
+        if not inflight:
             return  # only held messages: the caller sends them
-        target = self._inflight[min(len(self._inflight) - 1, self._window // _REFILL)]
+        target = inflight[min(len(inflight) - 1, self._size // _REFILL)]
         if not target.done and not await self._until_done(target, self._ack_timeout):
             await self.settle()
             return
-        inflight = self._inflight
         last = None
         while inflight and inflight[0].seq:
             last = inflight.popleft()
         if last is not None:
             self._stored(last)
         self._flush_metrics()
-        if inflight and (inflight[0].error is not None or len(inflight) >= self._window):  # deal with a failure first
+        if inflight and (inflight[0].error is not None or len(inflight) >= self._size):  # deal with a failure first
             await self.settle()
 
-    def _stored(self, entry: _InFlight) -> None:
+    def _stored(self, entry: InFlight) -> None:
         """``entry`` was acknowledged (acks come in the order of their sequences here)."""
         self._acked_at(entry.seq, entry.message.msg_id)
 
@@ -380,7 +340,7 @@ class AckPublisher:
         """The connection the latest messages went out on is gone: their acks will not come."""
         return not self._nc.is_connected or self._nc.stats["reconnects"] != self._sent_on
 
-    async def _until_done(self, entry: _InFlight, timeout: float) -> bool:
+    async def _until_done(self, entry: InFlight, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``entry``'s ack (or error); False if none came,
         or once the connection it went out on is lost (a restarted server forgot it)."""
         if entry.done:
@@ -404,7 +364,7 @@ class AckPublisher:
         """Send the held messages an ack freed, between batches (a write or a snapshot may be a
         second away); a failure is the next :meth:`publish` or :meth:`settle`'s to handle."""
         try:
-            if self._held and not self._settling:
+            if self._window.held and not self._settling:
                 await self._send_held()
         finally:
             self._release = None
@@ -412,11 +372,12 @@ class AckPublisher:
     async def _send_held(self) -> bool:
         """Send the held messages whose row has none in flight any more (the others stay held,
         in order). False: not all that went out were written (settle)."""
-        held, self._held = self._held, []
-        self._held_rows.clear()
+        window = self._window
+        held, window.held = window.held, []
+        window.held_rows.clear()
         return await self._send(held)
 
-    async def _send(self, entries: list[_InFlight]) -> bool:
+    async def _send(self, entries: list[InFlight]) -> bool:
         """Put ``entries`` in the window and write them to the socket as one block of commands;
         one whose row has a message in flight is held back instead (two of a row are never in
         flight at once, so JetStream cannot drop the earlier — a leader change — and store the
@@ -427,54 +388,21 @@ class AckPublisher:
         before anything newer, and re-sends the retryable ones in order."""
         nc = self._nc
         if not nc.is_connected:
-            self._inflight.extend(entries)
+            self._window.inflight.extend(entries)
             closed = nc.is_closed
             for entry in entries:
                 entry.error = (PublishRefused("the NATS connection was closed for good (see the errors above)") if closed
                                else PublishFailed("NATS is disconnected"))
             return not entries
         self._sent_on = nc.stats["reconnects"]
-        commands, taken = self._commands(entries, nc.max_payload)
-        if commands and not await nc.send_raw(b"".join(commands)):  # the connection dropped meanwhile
-            for entry in entries[: len(commands)]:
+        block, sent, taken = self._window.commands(entries, nc.max_payload)
+        if sent and not await nc.send_raw(block):  # the connection dropped meanwhile
+            for entry in entries[:sent]:
                 entry.error = PublishFailed("NATS is disconnected")
             return False
-        return len(commands) == taken
+        return sent == taken
 
-    def _commands(self, entries: list[_InFlight], max_payload: int) -> tuple[list[bytes], int]:
-        """The ``HPUB`` commands of ``entries``, each put in the window as it is written, up to one
-        too large to send (its ``error`` says so; nothing after it is sent, nor put in the window);
-        one whose row has a message in flight or held is held instead. Returns the commands and how
-        many entries were put in the window. This runs for every message."""
-        prefix, waiting, token, rows = self._reply_prefix, self._waiting, self._token, self._rows
-        held, held_rows = self._held, self._held_rows
-        commands: list[bytes] = []
-        append, inflight = commands.append, self._inflight
-        taken = 0
-        for entry in entries:
-            message = entry.message
-            row = message.row
-            if row:
-                if row in rows or row in held_rows:
-                    held.append(entry)
-                    held_rows[row] = held_rows.get(row, 0) + 1
-                    continue
-                rows[row] = entry
-            inflight.append(entry)
-            taken += 1
-            msg_id, payload, extra = message.msg_id.encode(), message.payload, message.headers
-            headers = _HEADERS_SIZE + len(msg_id) + len(extra)
-            size = headers + len(payload)
-            if size > max_payload:
-                entry.error = _too_large(size, max_payload)
-                break
-            token += 1
-            waiting[token] = entry
-            append(_HPUB % (message.subject, prefix, token, headers, size, msg_id, extra, payload))
-        self._token = token
-        return commands, taken
-
-    async def _drop_stored(self, failed: list[_InFlight]) -> list[_InFlight]:
+    async def _drop_stored(self, failed: list[InFlight]) -> list[InFlight]:
         """Leave out failed messages that JetStream stored after all, when its duplicate
         window may no longer recognise them."""
         stale = time.monotonic() - 0.8 * self._duplicate_window
@@ -489,22 +417,13 @@ class AckPublisher:
 
     def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
         """An ack (or an error) for one message, read straight from the wire."""
-        try:
-            entry = self._waiting.pop(int(subject[self._token_at :]), None)
-        except ValueError:
-            return
+        entry, stored, unfenced = self._window.acked(subject, data)
         if entry is None:
-            return  # an ack for a message already given up on (and re-sent)
-        found = _SEQ.search(data)
-        # find, not ``in``: bytes ``in`` raises and clears a TypeError per call (connectors/postgres/types.py)
-        if found is not None and (data.find(b'"error"') < 0 or _ERROR.search(data) is None):
-            entry.seq = int(found.group(1))
+            return  # not ours, or an ack for a message already given up on (and re-sent)
+        if stored:
             message = entry.message
-            row = message.row
-            if row and self._rows.get(row) is entry:
-                del self._rows[row]  # the row's next message may go: now, not at the next batch
-                if row in self._held_rows and self._release is None and not self._settling:
-                    self._release = asyncio.get_running_loop().create_task(self._release_held())
+            if unfenced and unfenced in self._window.held_rows and self._release is None and not self._settling:
+                self._release = asyncio.get_running_loop().create_task(self._release_held())
             self._acked[message.labels] += 1
             if committed := message.commit_ts:  # 0.0 for a backfill's read
                 self._observe_latency(time.time() - committed)
@@ -514,12 +433,6 @@ class AckPublisher:
         wake = self._wake
         if wake is not None and wake[0] is entry and not wake[1].done():
             wake[1].set_result(None)
-
-
-def _too_large(size: int, max_payload: int) -> PublishError:
-    """A message the server would drop the connection over: refused here, by name."""
-    return PublishRefused(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with "
-                          "its headers)")
 
 
 def _ack_error(subject: str, data: bytes, headers: bytes | None) -> PublishError:

@@ -27,7 +27,8 @@ ROOT = compiled.ROOT
 #: leg of those would double the suite's time for code the unit tests already cover).
 UNIT_TESTS = ("tests/core", "tests/transforms", "tests/connectors/postgres/test_decoder.py",
               "tests/connectors/postgres/test_types.py", "tests/connectors/postgres/test_pgoutput_reference.py",
-              "tests/connectors/postgres/test_json.py", "tests/connectors/postgres/test_source_values.py")
+              "tests/connectors/postgres/test_json.py", "tests/connectors/postgres/test_source_values.py",
+              "tests/connectors/nats/test_window.py", "tests/connectors/nats/test_acks.py")
 
 
 def _name(source: str) -> str:

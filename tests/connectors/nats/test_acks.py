@@ -1,23 +1,25 @@
-"""AckPublisher._on_ack on the acks JetStream writes, read straight from the wire; no servers."""
+"""AckPublisher._on_ack (its window's ``acked``) on the acks JetStream writes, read straight from the wire; no servers."""
 
 from __future__ import annotations
 
 import pytest
 
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, _InFlight
+from connectors.nats.publisher import AckPublisher
+from connectors.nats.window import InFlight
 from core.errors import NoStreamError
 from core.events import Message
 
 MESSAGE = Message(b"p.d.public.orders.insert", b"{}", "id-1", ("public.orders", "insert"))
 
 
-def _ack(data: bytes, headers: bytes | None = None) -> _InFlight:
+def _ack(data: bytes, headers: bytes | None = None) -> InFlight:
     publisher = AckPublisher(WalflowClient(), window=8, ack_timeout=5.0, label="t")
-    entry = _InFlight(MESSAGE, 0.0, 0)
-    publisher._waiting[3] = entry
-    publisher._on_ack(publisher._reply_prefix + b"3", data, headers)
-    assert 3 not in publisher._waiting
+    entry = InFlight(MESSAGE, 0.0, 0)
+    reply = publisher._window.reply_prefix + b"3"
+    publisher._window.waiting[reply] = entry
+    publisher._on_ack(reply, data, headers)
+    assert reply not in publisher._window.waiting
     return entry
 
 

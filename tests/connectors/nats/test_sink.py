@@ -11,9 +11,10 @@ import pytest
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from connectors.nats.publisher import AckPublisher, _InFlight
+from connectors.nats.publisher import AckPublisher
 from connectors.nats.replay import ids_since
 from connectors.nats.stream import ensure_stream
+from connectors.nats.window import InFlight
 from core.errors import FatalError, PermanentPublishError, StreamSetupError
 from core.events import Message
 from core.runtime import Runtime
@@ -232,6 +233,6 @@ def test_a_resend_past_the_duplicate_window_asks_the_stream_first(
     runtime.run(publisher.settle())
 
     # as settle() sees messages whose acks never came
-    entries = [_InFlight(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
+    entries = [InFlight(m, first_sent=time.monotonic() - 60, floor_seq=0) for m in (stored_one, lost_one)]
     kept = runtime.run(publisher._drop_stored(entries))
     assert [e.message.msg_id for e in kept] == [lost_one.msg_id]

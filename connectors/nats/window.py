@@ -1,0 +1,137 @@
+"""The publisher's window, without I/O: the ``HPUB`` commands of a batch, the row fence, the match of an ack.
+
+What :class:`connectors.nats.publisher.AckPublisher` does for every message — number it under
+its reply inbox, hold it back while its row has a message in flight, write its command; and
+for every ack, find the message by the token in the ack's subject and read the stream
+sequence — is here, on plain data, so that it can be compiled with the hot path
+(``core/compiled.py``) and tested without a server. When to send, wait, settle and re-send
+stays the publisher's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Final
+
+from core.errors import PublishError, PublishRefused
+from core.events import Message
+
+#: An ``HPUB`` command, as the NATS protocol spells it, is ``HPUB``, its subject, its reply
+#: subject (:meth:`Window.commands`), then this: the header block's size and the whole size,
+#: and the header block up to the ``Nats-Msg-Id``'s value. Then that value, the message's own
+#: header lines (none: nothing), the block's end, the payload, the command's end. A batch's
+#: commands are pieces of one ``bytes.join``: the payload is copied once, into the block.
+_SIZES: Final = b" %d %d\r\nNATS/1.0\r\nNats-Msg-Id: "
+#: The header block's size without the id (nor a message's own lines).
+HEADERS_SIZE: Final = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+_SEQ: Final = re.compile(rb'"seq":\s*(\d+)')
+#: An ack that carries an error object (a stream may well be named "error": match the key).
+_ERROR: Final = re.compile(rb'"error"\s*:')
+
+
+class InFlight:
+    """One message in the window, from its first send until it is stored or given up on."""
+
+    __slots__ = ("error", "first_sent", "floor_seq", "message", "seq")
+
+    def __init__(self, message: Message, first_sent: float, floor_seq: int) -> None:
+        self.message = message
+        #: When the message was first sent, and its partition's last acked sequence then: a
+        #: message stored but unacknowledged has a higher sequence than that.
+        self.first_sent = first_sent
+        self.floor_seq = floor_seq
+        self.seq = 0  # the stream sequence, once acknowledged
+        self.error: PublishError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.seq > 0 or self.error is not None
+
+    @property
+    def published_on(self) -> str:
+        return self.message.subject.decode()
+
+    def again(self) -> InFlight:
+        """A fresh entry for a re-send of the same message, first sent when this one was."""
+        return InFlight(self.message, self.first_sent, self.floor_seq)
+
+
+class Window:
+    """One publisher's messages in flight and held back, and the tokens its acks name them by.
+
+    ``inflight`` holds the window in sending order; ``waiting`` each sent message by its token,
+    until its ack; ``rows`` each row's message in flight; ``held`` (in order) the messages
+    whose row has one in flight or held, ``held_rows`` how many each row has held."""
+
+    def __init__(self, reply_prefix: bytes) -> None:
+        #: Every ack's subject: this prefix (the inbox and a dot) and the message's token, a
+        #: number counted up; ``waiting`` is keyed by that subject, as the ack comes back on it.
+        self.reply_prefix = reply_prefix
+        self.token = 0
+        self.waiting: dict[bytes, InFlight] = {}
+        self.rows: dict[int, InFlight] = {}
+        self.held: list[InFlight] = []
+        self.held_rows: dict[int, int] = {}
+        self.inflight: deque[InFlight] = deque()
+
+    def commands(self, entries: list[InFlight], max_payload: int) -> tuple[bytes, int, int]:
+        """The ``HPUB`` commands of ``entries`` as one block, each put in the window as it is
+        written, up to one too large to send (its ``error`` is :func:`too_large`'s; nothing after
+        it is sent, nor put in the window); one whose row has a message in flight or held is held
+        instead. Returns the block, how many commands it holds, and how many entries were put in
+        the window (one more than it holds when one was too large)."""
+        prefix, waiting, token, rows = self.reply_prefix, self.waiting, self.token, self.rows
+        held, held_rows, inflight = self.held, self.held_rows, self.inflight
+        pieces: list[bytes] = []
+        sent = taken = 0
+        for entry in entries:
+            message = entry.message
+            row = message.row
+            if row:
+                if row in rows or row in held_rows:
+                    held.append(entry)
+                    held_rows[row] = held_rows.get(row, 0) + 1
+                    continue
+                rows[row] = entry
+            inflight.append(entry)
+            taken += 1
+            msg_id, payload, extra = message.msg_id.encode(), message.payload, message.headers
+            headers = HEADERS_SIZE + len(msg_id) + len(extra)
+            size = headers + len(payload)
+            if size > max_payload:
+                entry.error = too_large(size, max_payload)
+                break
+            token += 1
+            reply = prefix + str(token).encode()
+            waiting[reply] = entry
+            sent += 1
+            pieces += (b"HPUB ", message.subject, b" ", reply, _SIZES % (headers, size), msg_id, b"\r\n", extra,
+                       b"\r\n", payload, b"\r\n")
+        self.token = token
+        return b"".join(pieces), sent, taken
+
+    def acked(self, subject: bytes, data: bytes) -> tuple[InFlight | None, bool, int]:
+        """The entry an ack on ``subject`` is for, out of ``waiting`` (None: none waits for it, a
+        late ack of a message given up on and re-sent, or not one of ours); whether it was
+        stored (its ``seq`` is then set; if not, the caller reads the error the ack carries);
+        and the row whose fence it lifted (0: none), whose held messages may go now."""
+        entry = self.waiting.pop(subject, None)
+        if entry is None:
+            return None, False, 0
+        found = _SEQ.search(data)
+        # find, not ``in``: bytes ``in`` raises and clears a TypeError per call (connectors/postgres/types.py)
+        if found is None or (data.find(b'"error"') >= 0 and _ERROR.search(data) is not None):
+            return entry, False, 0
+        entry.seq = int(found.group(1))
+        row = entry.message.row
+        if row and self.rows.get(row) is entry:
+            del self.rows[row]  # the row's next message may go: now, not at the next batch
+            return entry, True, row
+        return entry, True, 0
+
+
+def too_large(size: int, max_payload: int) -> PublishError:
+    """A message the server would drop the connection over: refused here, by name."""
+    return PublishRefused(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with "
+                          "its headers)")
