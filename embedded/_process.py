@@ -212,12 +212,14 @@ class ServerProcess:
         """SIGKILL; the server's own children (PostgreSQL's backends) notice and exit by themselves."""
         self.stop(signal.SIGKILL)
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = 30, skip: str | None = None) -> str:
+        """The log's last ``lines`` lines, leaving out those that contain ``skip``."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        kept = [line for line in text.splitlines() if skip is None or skip not in line]
+        return "\n".join(kept[-lines:])
 
 
 def run_as(argv: Sequence[str], account: Account, *, cwd: Path, what: str) -> None:
@@ -252,6 +254,8 @@ class EmbeddedServer:
     port_taken_marker = "address already in use"
     #: How ``close`` asks the server to exit: promptly, ending any client sessions.
     close_signal = signal.SIGTERM
+    #: Text of log lines that the readiness probe itself causes: left out of the log a timeout shows.
+    probe_noise: str | None = None
 
     def __init__(self) -> None:
         self.base: Path | None = None
@@ -269,6 +273,10 @@ class EmbeddedServer:
 
     def _ready(self) -> bool:
         raise NotImplementedError
+
+    def _last_probe(self) -> str:
+        """What the readiness probe saw last, for the error when the server never became ready."""
+        return ""
 
     def start(self, timeout: float = 60.0) -> Self:
         """Start (prepared on first use) and wait until the server answers."""
@@ -307,9 +315,16 @@ class EmbeddedServer:
         try:
             wait_for(self._ready, timeout=timeout, what=f"{self.name} to become ready",
                      check=self._process.check_running)
-        except ServerError:
+        except ServerError as exc:
+            pid, timed_out = self._process.pid, self._process.running  # else check_running raised with the log
             self._process.kill()
-            raise
+            if not timed_out:
+                raise
+            probe = self._last_probe()
+            raise ServerError(
+                f"{exc} (PID {pid} was running{'; ' + probe if probe else ''}); the end of its log "
+                f"{self._process.log_path}:\n{self._process.log_tail(40, skip=self.probe_noise)}"
+            ) from None
 
     def _stop(self, sig: int) -> None:
         if self._process is not None:

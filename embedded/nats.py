@@ -15,6 +15,7 @@ connect. A cluster's nodes share one login and authenticate their routes too.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -41,6 +42,11 @@ _OWN_AUTH = re.compile(r"^\s*(authorization|accounts)\b", re.MULTILINE)
 USER = "walflow"
 
 
+def _text(body: bytes, limit: int = 500) -> str:
+    """A reply's body for an error message: decoded, on one line, cut at ``limit`` characters."""
+    return " ".join(body.decode(errors="replace").split())[:limit]
+
+
 class NatsNotFound(ServerError):
     """The nats-server binary is missing; the message says how to install it."""
 
@@ -62,6 +68,8 @@ class NatsServer(EmbeddedServer):
 
     name = "nats"
     host = "127.0.0.1"
+    #: The server logs every /healthz it fails: the probe's own lines would push out the rest.
+    probe_noise = "Healthcheck failed"
 
     def __init__(self, extra_config: str = "", tls: tuple[Path, Path] | None = None, jetstream_config: str = "",
                  tls_config: str = "") -> None:
@@ -82,6 +90,8 @@ class NatsServer(EmbeddedServer):
         self.http_port = 0
         #: The clients' password (user :data:`USER`); None: ``extra_config`` says who may connect.
         self.password: str | None = None if _OWN_AUTH.search(extra_config) else secrets.token_hex(24)
+        #: What the last readiness probe saw (shown if the server never becomes ready).
+        self._probe = ""
 
     def _prepare(self) -> None:
         self.base = private_dir("nats", self.account)
@@ -119,10 +129,20 @@ class NatsServer(EmbeddedServer):
     def _ready(self) -> bool:
         """JetStream answers /healthz only once its store is loaded."""
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/healthz", timeout=2) as reply:
-                return bool(reply.status == 200)
-        except (urllib.error.URLError, OSError):
+            try:
+                with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/healthz", timeout=2) as reply:
+                    status, body = int(reply.status), reply.read()
+            except urllib.error.HTTPError as exc:  # 503: what JetStream lacks is in the body
+                with exc:
+                    status, body = exc.code, exc.read()
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            self._probe = f"/healthz: {exc!r}"
             return False
+        self._probe = f"/healthz answered {status}: {_text(body)}"
+        return status == 200
+
+    def _last_probe(self) -> str:
+        return self._probe or "/healthz: never asked"
 
     @property
     def address(self) -> str:

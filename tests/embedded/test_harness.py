@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from nats.js.api import StreamConfig
 
-from embedded import NatsServer, PostgresNotFound, PostgresServer, wait_for
+from embedded import NatsServer, PostgresNotFound, PostgresServer, ServerError, wait_for
 from embedded._process import sweep_stale_dirs
 from tests.harness import Database, Nats, Postgres, TestNames, alive, children_of
 from tests.pipeline import ROOT
@@ -93,6 +93,24 @@ def test_nats_restart_keeps_stream(nats_srv: Nats, names: TestNames, stream_clea
             await nc.close()
 
     assert asyncio.run(count()) == 1
+
+
+@pytest.mark.servers
+def test_a_nats_server_that_never_becomes_ready_says_why() -> None:
+    """A stream directory JetStream cannot recover (here one without its meta.inf) keeps /healthz at
+    503 for good: the timeout names the probe's last answer and the log's warning about it, not
+    the lines the probe itself makes the server log."""
+    with NatsServer() as server:
+        assert server.base is not None
+        server.stop()
+        (server.base / "jetstream" / "jetstream" / "$G" / "streams" / "BROKEN").mkdir(parents=True)
+        with pytest.raises(ServerError) as info:
+            server.start(timeout=3)
+        assert not server.running  # killed, not left behind
+    message = str(info.value)
+    assert message.startswith("timed out after 3s waiting for nats to become ready (PID ")
+    assert "/healthz answered 503: " in message and "BROKEN' could not be recovered" in message
+    assert "Missing stream metafile" in message and "Healthcheck failed" not in message
 
 
 @pytest.mark.servers
