@@ -19,6 +19,7 @@ from nats.js.errors import NotFoundError
 
 from config.schema import NatsDestination, SinkConfig
 from connectors.nats.clashes import SharedSequinIdsError
+from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.sink import JetStreamSink
 from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream, stream_for
@@ -36,6 +37,25 @@ runtime = Runtime()
 def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
     with nats_client(runtime, nats_srv, "walflow-stream-test") as client:
         yield client
+
+
+@pytest.fixture
+def target_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[WalflowClient]]:
+    """Every connection a sink's target opens in the test, closed at its end: a prepare that refuses
+    to start (a clash of Sequin ids) raises before anyone holds the connection it opened, and it
+    stays open (reconnecting to the session's NATS, through its restarts, for the rest of the session)."""
+    opened: list[WalflowClient] = []
+
+    async def connecting(*args: Any, **kwargs: Any) -> WalflowClient:
+        client = await connect(*args, **kwargs)
+        opened.append(client)
+        return client
+
+    monkeypatch.setattr("connectors.nats.target.connect", connecting)
+    yield opened
+    for client in opened:
+        if not client.is_closed:
+            runtime.run(client.close())
 
 
 @pytest.fixture
@@ -236,6 +256,7 @@ def test_a_sinks_events_land_in_the_stream_found(
     assert not _exists(nc, default_stream)
 
 
+@pytest.mark.usefixtures("target_connections")  # the refused starts' connections
 def test_two_sinks_with_sequin_ids_in_one_stream_refuse_to_start(
     nc: WalflowClient, nats_srv: Nats, names: TestNames, default_stream: str
 ) -> None:
