@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 
 from nats.errors import NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -87,8 +87,9 @@ class SinkTarget:
         async def prepared() -> SinkTarget:
             nc, stream = await cls._open(sink, database, runtime, peers)
             ids = IdScheme(database, sink.name, sink.destination.msg_id)
-            with _requests_of(nc, sink):
-                found = await already_published(nc, stream.name, scanned, ids, replay_from)
+            async with _closed_on_error(nc):
+                with _requests_of(nc, sink):
+                    found = await already_published(nc, stream.name, scanned, ids, replay_from)
             if found:
                 log.info("%s: %d change(s) to be replayed are already in the stream; not publishing them again",
                          sink.name, len(found))
@@ -103,9 +104,10 @@ class SinkTarget:
         """A new connection, with the stream found (or created) and Sequin ids checked on it."""
         dest = sink.destination
         nc = await connect(dest, name=f"walflow:{sink.name}", metrics=runtime.metrics)
-        with _requests_of(nc, sink):
-            stream = await ensure_stream(nc, dest, database, atomic=sink.transactions == "atomic")
-            await check_sequin_ids(nc, sink, database, peers, stream.name)
+        async with _closed_on_error(nc):
+            with _requests_of(nc, sink):
+                stream = await ensure_stream(nc, dest, database, atomic=sink.transactions == "atomic")
+                await check_sequin_ids(nc, sink, database, peers, stream.name)
         return nc, stream
 
     @property
@@ -214,6 +216,19 @@ class SinkTarget:
 
     def close(self) -> None:
         self.runtime.run(self._nc.close())
+
+
+@asynccontextmanager
+async def _closed_on_error(nc: WalflowClient) -> AsyncIterator[None]:
+    """``nc`` closed if the block raises: a sink that refuses to start (a clash of Sequin ids, a
+    stream it may not create) holds no client that goes on reconnecting behind it. A failure to
+    close is the lesser news: the block's error is raised either way."""
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):
+            await nc.close()
+        raise
 
 
 @contextmanager

@@ -41,9 +41,9 @@ def nc(nats_srv: Nats, stream_cleanup: str) -> Iterator[WalflowClient]:
 
 @pytest.fixture
 def target_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[WalflowClient]]:
-    """Every connection a sink's target opens in the test, closed at its end: a prepare that refuses
-    to start (a clash of Sequin ids) raises before anyone holds the connection it opened, and it
-    stays open (reconnecting to the session's NATS, through its restarts, for the rest of the session)."""
+    """Every connection a sink's target opens in the test, closed at its end should the test have
+    left one open (a refused start that did not close its own would reconnect to the session's
+    NATS, through its restarts, for the rest of the session)."""
     opened: list[WalflowClient] = []
 
     async def connecting(*args: Any, **kwargs: Any) -> WalflowClient:
@@ -256,9 +256,8 @@ def test_a_sinks_events_land_in_the_stream_found(
     assert not _exists(nc, default_stream)
 
 
-@pytest.mark.usefixtures("target_connections")  # the refused starts' connections
 def test_two_sinks_with_sequin_ids_in_one_stream_refuse_to_start(
-    nc: WalflowClient, nats_srv: Nats, names: TestNames, default_stream: str
+    nc: WalflowClient, nats_srv: Nats, names: TestNames, default_stream: str, target_connections: list[WalflowClient]
 ) -> None:
     _add(nc, names.stream, [f"{names.subject_prefix}.>"])
     orders = _sink(nats_srv, names, "orders", msg_id="sequin")
@@ -286,6 +285,7 @@ def test_two_sinks_with_sequin_ids_in_one_stream_refuse_to_start(
         start([other_db])
     start([walflow_ids, disabled, elsewhere])  # walflow's ids, a disabled sink, another stream: no clash
     assert not _exists(nc, f"{names.stream}_X")  # the peers' streams are only looked up
+    assert len(target_connections) == 3 and all(client.is_closed for client in target_connections)  # refused ones too
 
 
 def test_a_subject_lost_to_a_racing_update_is_added_again_at_the_next_publish(
