@@ -9,11 +9,15 @@ in the steps that are walflow's own CPU and need no server:
   table's seven columns, Commit), from CopyData bytes to the staged change;
 - ``render``: a sink partition's step (conversion, the envelope, the message) for the mixed
   workload's changes, 60 % inserts, 30 % updates, 10 % deletes, unshaped;
-- ``shaped``: the same with the benchmark's ``--shaping typical`` (bench/walflow.py).
+- ``shaped``: the same with the benchmark's ``--shaping typical`` (bench/walflow.py);
+- ``publish``: the NATS loop's part of each of those messages that is walflow's own: the
+  publisher takes a batch (its window, the row fence, the ``HPUB`` block handed to nats-py),
+  matches each ack read from the wire, and settles; nats-py and the socket left out.
 
 Each is run twice under callgrind, over the same inputs once and six times: the difference
 over five passes is the steps' own cost, startup and imports left out. Not counted: libpq,
-Bytewax, the NATS loop (they need the servers; the bench's per-thread CPU has them)::
+Bytewax, nats-py and asyncio's reading of the socket (they need the servers; the bench's
+per-thread CPU has them)::
 
     python -m bench.instructions                 # this checkout, as built (compiled or not)
     python -m bench.instructions --tree /tmp/old # another checkout's walflow, the same inputs
@@ -30,7 +34,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where they run: --tree puts another checkout's walflow first
+    from core.events import Message
 
 #: The bench table's columns and the Postgres types their texts are (bench/workloads.py).
 _COLUMNS = (("id", 23), ("string_field", 25), ("numeric_field", 1700), ("timestamp_field", 1184),
@@ -70,7 +77,7 @@ def _decode(passes: int) -> int:
     return staged
 
 
-def _render(passes: int, shaped: bool) -> int:
+def _render(passes: int, shaped: bool, keep: list[Message] | None = None) -> int:
     from bench.walflow import BENCH_TABLE, MASK_SECRET, SHAPINGS
     from connectors.postgres.types import TypeSpecs, loaders_for
     from core.events import RawChange, Table
@@ -99,8 +106,59 @@ def _render(passes: int, shaped: bool) -> int:
     messages = 0
     for _ in range(passes):
         for start in range(0, CHANGES, 500):  # batches as a sink partition gets them
-            messages += len(render([items[start : start + 500]], ROOM))
+            rendered = render([items[start : start + 500]], ROOM)
+            messages += len(rendered)
+            if keep is not None:
+                keep += rendered
     return messages
+
+
+class _Wire:
+    """What the publisher needs of a connected nats-py client, without a socket: the block of
+    commands it would write is kept, so that each command's reply subject can be answered."""
+
+    is_connected, is_closed, max_payload = True, False, 1024 * 1024
+
+    def __init__(self) -> None:
+        self.stats = {"reconnects": 0}
+        self.written: list[bytes] = []
+
+    def new_inbox(self) -> str:
+        return "_INBOX_walflow.bench"
+
+    async def send_raw(self, commands: bytes) -> bool:
+        self.written.append(commands)
+        return True
+
+
+def _publish(passes: int) -> int:
+    import asyncio
+
+    from connectors.nats.publisher import AckPublisher
+
+    messages: list[Message] = []
+    _render(1, shaped=False, keep=messages)
+    for row, message in enumerate(messages, 1):
+        message.row = row  # as render names rows: each change of the workload a row of its own
+    wire = _Wire()
+    stored = 0
+
+    async def run() -> None:
+        nonlocal stored
+        publisher = AckPublisher(wire, window=1000, ack_timeout=5.0, label="bench")  # type: ignore[arg-type]
+        for _ in range(passes):
+            for start in range(0, len(messages), 500):  # a sink partition's batch
+                await publisher.publish(messages[start : start + 500])
+                for block in wire.written:  # JetStream's acks, in order, on each command's reply subject
+                    for line in block.split(b"\r\n"):
+                        if line.startswith(b"HPUB "):
+                            stored += 1
+                            publisher._on_ack(line.split(b" ", 3)[2], b'{"stream":"WF","seq":%d}' % stored, None)
+                wire.written.clear()
+                await publisher.settle()
+
+    asyncio.run(run())
+    return stored
 
 
 def step(name: str, passes: int) -> int:
@@ -110,7 +168,9 @@ def step(name: str, passes: int) -> int:
         return _decode(passes)
     if name in ("render", "shaped"):
         return _render(passes, shaped=name == "shaped")
-    raise SystemExit(f"no step '{name}': decode, render, shaped")
+    if name == "publish":
+        return _publish(passes)
+    raise SystemExit(f"no step '{name}': decode, render, shaped, publish")
 
 
 def _count(tree: Path, step: str, passes: int) -> int:
@@ -129,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the checkout whose walflow runs [this one]")
-    parser.add_argument("--steps", default="decode,render,shaped", help="of decode, render, shaped [all]")
+    parser.add_argument("--steps", default="decode,render,shaped,publish", help="of decode, render, shaped, publish [all]")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one counted run (what this starts under callgrind)
     parser.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -146,7 +206,7 @@ def main() -> None:
     for name in args.steps.split(","):
         low, high = (_count(tree, name, passes) for passes in _PASSES)
         per = (high - low) / ((_PASSES[1] - _PASSES[0]) * CHANGES)
-        unit = "one-row transaction" if name == "decode" else "change"
+        unit = {"decode": "one-row transaction", "publish": "message"}.get(name, "change")
         print(f"{name:>7}: {per:,.0f} instructions per {unit}")
 
 
