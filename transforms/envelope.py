@@ -65,6 +65,11 @@ _ZERO: Final = timedelta(0)
 _TIMELESS: Final = frozenset({str, int, float, bool, type(None), Decimal, dict, date, uuid.UUID, JsonText,
                               UnchangedToast, OversizedValue})
 _TIMED: Final = (datetime, time, list, tuple)
+#: The classes and the zone _inexact_times compares with, as constants: compiled (mypyc), a name
+#: imported from another module is looked up in the module's dict at every use.
+_DATETIME: Final = datetime
+_TIME: Final = time
+_UTC: Final = UTC
 
 
 def _inexact_times(values: Iterable[Any]) -> bool:
@@ -76,17 +81,17 @@ def _inexact_times(values: Iterable[Any]) -> bool:
     the values, not found in the output: a pattern searched through each row's JSON cost ten
     times more. ``tests/transforms/test_envelope.py`` holds it to orjson's output of every
     microsecond and offset kind."""
-    stamp, clock, utc, timeless = datetime, time, UTC, _TIMELESS  # locals: no global lookup per value
+    stamp, clock, utc, timeless = _DATETIME, _TIME, _UTC, _TIMELESS  # locals: no lookup per value
     for value in values:
         kind = type(value)
-        if kind in timeless:
-            continue
         if kind is stamp:
             if value.microsecond == 0:
                 return True
             zone = value.tzinfo
             if zone is not None and zone is not utc and value.utcoffset() != _ZERO:
                 return True
+        elif kind is str or kind is int or kind in timeless:  # the commonest by identity, no set lookup
+            continue
         elif kind is clock:  # naive: orjson refuses an aware time (the row takes the exact way)
             fraction = value.microsecond
             if fraction == 0 or 10_000 <= fraction < 100_000:
