@@ -55,9 +55,21 @@ def _texts(i: int) -> tuple[bytes, ...]:
 
 
 def _decode(passes: int) -> int:
+    from psycopg import pq
+    from psycopg.adapt import Transformer
+
     from connectors.postgres.decoder import Decoder, ResumePoint
     from tests import pgoutput_reference as ref
     from tests.copydata import TS, FakeCatalog, text, xlog
+
+    class Catalog(FakeCatalog):
+        """The tests' catalog, its commit times loaded as production's are (psycopg's binary
+        timestamptz loader, ``connectors.postgres.types.Catalog.commit_time``), not by the
+        tests' exact Python arithmetic."""
+
+        @property
+        def commit_time(self) -> Any:
+            return Transformer().get_loader(1184, pq.Format.BINARY).load
 
     relation = ref.Relation(None, 16401, "public", "benchmark_records", "d",
                             tuple(ref.Column(int(i == 0), name, 25, -1) for i, (name, _) in enumerate(_COLUMNS)))
@@ -69,7 +81,7 @@ def _decode(passes: int) -> int:
                      xlog(ref.Commit(0, lsn, lsn + 100, TS), lsn)]
     staged = 0
     for _ in range(passes):
-        decoder = Decoder(FakeCatalog(), ResumePoint())
+        decoder = Decoder(Catalog(), ResumePoint())
         decoder.feed(xlog(relation))
         for message in messages:
             decoder.feed(message)
