@@ -86,6 +86,7 @@ class AtomicPublisher(AckPublisher):
         self._unit_bytes = 0
         self._unit_batches = 0
         self._answer: asyncio.Future[tuple[bytes, bytes | None]] | None = None
+        self._commit_reply = b""  # the reply subject of the latest batch's commit, which answers it
 
     async def publish(self, messages: list[Message]) -> None:
         """Add ``messages`` (units ended by :data:`TRANSACTION_END`) and send every whole unit."""
@@ -178,8 +179,7 @@ class AtomicPublisher(AckPublisher):
         if not nc.is_connected:
             return PublishFailed("NATS is disconnected")
         batch_id = urlsafe_b64encode(os.urandom(18))
-        self._window.token += 1
-        reply = self._window.reply_prefix + b"%d" % self._window.token
+        reply = self._commit_reply = self._window.next_reply()
         last = len(batch) - 1
         commands = []
         for i, message in enumerate(batch):
@@ -240,5 +240,5 @@ class AtomicPublisher(AckPublisher):
     def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
         """The answer to a batch's commit (only the commit carries a reply subject)."""
         answer = self._answer
-        if answer is not None and not answer.done() and subject == self._window.reply_prefix + b"%d" % self._window.token:
+        if answer is not None and not answer.done() and subject == self._commit_reply:
             answer.set_result((data, headers))

@@ -2,7 +2,7 @@
 
 What :class:`connectors.nats.publisher.AckPublisher` does for every message — number it under
 its reply inbox, hold it back while its row has a message in flight, write its command; and
-for every ack, find the message by the token in the ack's subject and read the stream
+for every ack, find the message by the ack's subject (its reply subject) and read the stream
 sequence — is here, on plain data, so that it can be compiled with the hot path
 (``core/compiled.py``) and tested without a server. When to send, wait, settle and re-send
 stays the publisher's.
@@ -58,10 +58,10 @@ class InFlight:
 
 
 class Window:
-    """One publisher's messages in flight and held back, and the tokens its acks name them by.
+    """One publisher's messages in flight and held back, and the reply subjects its acks name them by.
 
-    ``inflight`` holds the window in sending order; ``waiting`` each sent message by its token,
-    until its ack; ``rows`` each row's message in flight; ``held`` (in order) the messages
+    ``inflight`` holds the window in sending order; ``waiting`` each sent message by its reply
+    subject, until its ack; ``rows`` each row's message in flight; ``held`` (in order) the messages
     whose row has one in flight or held, ``held_rows`` how many each row has held."""
 
     def __init__(self, reply_prefix: bytes) -> None:
@@ -75,13 +75,18 @@ class Window:
         self.held_rows: dict[int, int] = {}
         self.inflight: deque[InFlight] = deque()
 
+    def next_reply(self) -> bytes:
+        """A reply subject no message of this window had: the prefix and the next token."""
+        self.token += 1
+        return self.reply_prefix + str(self.token).encode()
+
     def commands(self, entries: list[InFlight], max_payload: int) -> tuple[bytes, int, int]:
         """The ``HPUB`` commands of ``entries`` as one block, each put in the window as it is
-        written, up to one too large to send (its ``error`` is :func:`too_large`'s; nothing after
+        written, up to one too large to send (its ``error`` is :func:`_too_large`'s; nothing after
         it is sent, nor put in the window); one whose row has a message in flight or held is held
         instead. Returns the block, how many commands it holds, and how many entries were put in
         the window (one more than it holds when one was too large)."""
-        prefix, waiting, token, rows = self.reply_prefix, self.waiting, self.token, self.rows
+        waiting, rows = self.waiting, self.rows
         held, held_rows, inflight = self.held, self.held_rows, self.inflight
         pieces: list[bytes] = []
         sent = taken = 0
@@ -100,15 +105,13 @@ class Window:
             headers = HEADERS_SIZE + len(msg_id) + len(extra)
             size = headers + len(payload)
             if size > max_payload:
-                entry.error = too_large(size, max_payload)
+                entry.error = _too_large(size, max_payload)
                 break
-            token += 1
-            reply = prefix + str(token).encode()
+            reply = self.next_reply()
             waiting[reply] = entry
             sent += 1
             pieces += (b"HPUB ", message.subject, b" ", reply, _SIZES % (headers, size), msg_id, b"\r\n", extra,
                        b"\r\n", payload, b"\r\n")
-        self.token = token
         return b"".join(pieces), sent, taken
 
     def acked(self, subject: bytes, data: bytes) -> tuple[InFlight | None, bool, int]:
@@ -131,7 +134,7 @@ class Window:
         return entry, True, 0
 
 
-def too_large(size: int, max_payload: int) -> PublishError:
+def _too_large(size: int, max_payload: int) -> PublishError:
     """A message the server would drop the connection over: refused here, by name."""
     return PublishRefused(f"the message is larger than the server's max_payload ({size} > {max_payload} bytes with "
                           "its headers)")
