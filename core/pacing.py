@@ -31,6 +31,9 @@ from datetime import UTC, datetime, timedelta
 _MIN_HOLD = 0.002
 #: Added to an observed wait to give the next hold.
 _SLACK = 0.002
+#: A poll this fraction of the hold after it (plus ``_SLACK``) is the scheduler waking the
+#: thread late on a loaded machine, not a wait that outlasted the hold: it is no spin.
+_LATE = 0.05
 
 
 class EpochPacer:
@@ -81,7 +84,7 @@ class EpochPacer:
         if self._snapshot_at is not None:
             waited = now - self._snapshot_at
             self._snapshot_at = None
-            if waited > self._delay + _SLACK:
+            if waited > self._delay * (1 + _LATE) + _SLACK:
                 self.spins += 1
                 self._hold = min(self._max_hold, waited + _SLACK)
             else:

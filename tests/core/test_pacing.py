@@ -61,6 +61,21 @@ def test_a_wait_shorter_than_the_hold_shrinks_it() -> None:
     assert abs(pacer.hold - 0.075) < 1e-9
 
 
+def test_a_poll_the_scheduler_woke_late_is_no_spin() -> None:
+    """On a loaded machine the thread wakes a few ms after its hold: not a wait the hold missed."""
+    pacer = EpochPacer(100.0, _S, hold=timedelta(milliseconds=1500), max_hold=timedelta(seconds=2))
+    pacer.polled(101.0)
+    pacer.next_awake(101.0, None)
+    pacer.snapshotted(101.0)
+    pacer.polled(102.504)  # 4 ms late, as measured with eight busy processes on two cores
+    assert pacer.spins == 0
+    pacer.polled(103.0)
+    pacer.next_awake(103.0, None)
+    pacer.snapshotted(103.0)
+    pacer.polled(104.5)  # the 1.125 s hold outlasted by 375 ms: a spin
+    assert pacer.spins == 1
+
+
 def test_max_hold_bounds_what_a_long_wait_teaches() -> None:
     pacer = EpochPacer(100.0, _S, max_hold=timedelta(milliseconds=200))
     pacer.polled(101.0)
