@@ -510,6 +510,11 @@ class Envelope:
         ``metadata`` or an enrichment keeps ISO)."""
         return encode_json(value, self._unix_times and not iso)
 
+    def committed(self, change: Change) -> float:
+        """The message's ``commit_ts`` (Unix seconds; 0.0 for a backfill's read, which has no
+        commit of its own), computed once per transaction as :meth:`__call__` computes it."""
+        return 0.0 if change.read is not None else self._commit_time(change.commit_ts)[2]
+
     def address(self, schema: str, table: str, action: str) -> tuple[bytes, tuple[str, str]]:
         """The default subject of a table's and action's messages, and their metrics' labels
         (what :class:`core.events.Message` takes beside the payload)."""

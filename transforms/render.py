@@ -332,8 +332,7 @@ class Render:
         except Exception as exc:
             raise StepFailed("routing", exc) from exc
         default, labels = envelope.address(change.schema, change.table, action)
-        return Message(subject or default, payload, key.decode("ascii"), labels,
-                       0.0 if change.read is not None else change.commit_ts.timestamp(), headers)
+        return Message(subject or default, payload, key.decode("ascii"), labels, envelope.committed(change), headers)
 
     def _failed(self, plan: Plan | None, change: Change, failed: StepFailed) -> Message:
         """The sink's ``on_error`` for ``change``: stop (raise), or its dead letter; always its dead

@@ -143,6 +143,17 @@ def test_filters_and_routing_alone_keep_the_envelopes_own_payload() -> None:
     assert (message.subject, message.headers) == (b"wf.app.orders.paid", b'Wf-Key: ["7"]\r\n')
 
 
+def test_a_shaped_message_carries_its_commit_time_as_an_unshaped_one_a_read_none() -> None:
+    """What latency is measured from (``Message.commit_ts``): the commit, in Unix seconds, however shaped."""
+    sink = _sink(tables=[{"name": "public.orders", "columns": {"mask": {"status": "redact"}}}])
+    table = typed_table()
+    shaped, read = _messages(_render(sink), change(table, 7),
+                             change(table, 8, "read", read=ReadOf("app-to-nats", "bf1", '["8"]')))
+    assert b'"status":"[redacted]"' in shaped.payload
+    assert shaped.commit_ts == TS.timestamp() and shaped.commit_ts > 0
+    assert read.commit_ts == 0.0
+
+
 def test_a_tables_routing_replaces_the_sinks() -> None:
     sink = _sink(routing={"subject": "{prefix}.{database}.all.{action}"},
                  tables=[{"name": "public.orders", "routing": {"subject": "{prefix}.{database}.orders.{record.id}"}}])
