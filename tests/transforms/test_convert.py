@@ -71,6 +71,16 @@ def test_pks_are_the_key_texts_in_column_order_from_the_new_row_or_a_deletes_old
     assert convert(raw_change(key=("id", "k"), new={"id": b"1", "k": None})).pks == ("1", "")  # to_string(nil)
 
 
+def test_a_converted_change_is_a_whole_change_field_for_field() -> None:
+    """convert builds a Change without calling the class (tuple.__new__): every field, in order."""
+    raw = raw_change("update", new={"id": b"8"}, old={"id": b"7"})._replace(annotations=b"{}")
+    change = convert(raw)
+    assert type(change) is Change and len(change) == len(Change._fields)
+    assert change == Change(raw.action, raw.table.schema, raw.table.name, raw.table.key_columns, {"id": "8"}, {"id": "7"},
+                            raw.commit_lsn, raw.commit_idx, raw.commit_ts, raw.xid, raw.read, b"{}", ("8",))
+    assert change.pks == ("8",) and change.annotations == b"{}"
+
+
 def test_annotations_pass_through() -> None:
     raw = raw_change()._replace(annotations=b'{"a": 1}')
     assert convert(raw).annotations == b'{"a": 1}'
