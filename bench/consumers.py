@@ -40,7 +40,7 @@ from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.publisher import AckPublisher
 from connectors.postgres.protocol import lsn_to_str, str_to_lsn
-from core.events import Message
+from core.message import Message
 from core.subjects import subject
 from embedded import ServerError, wait_for
 

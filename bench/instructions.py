@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where they run: --tree puts another checkout's walflow first
-    from core.events import Message
+    from core.message import Message
 
 #: The bench table's columns and the Postgres types their texts are (bench/workloads.py).
 _COLUMNS = (("id", 23), ("string_field", 25), ("numeric_field", 1700), ("timestamp_field", 1184),

@@ -34,6 +34,7 @@ MODULES: Final = (
     "connectors/postgres/decoder.py",
     "connectors/postgres/types.py",
     "core/ids.py",
+    "core/message.py",
     "core/wire.py",
     "transforms/columns.py",
     "transforms/conditions.py",

@@ -8,8 +8,8 @@ works on those texts and never needs a converted value, so the CPU-heavy part
 (:mod:`transforms.convert` and the envelope) can run on whichever worker owns the key.
 
 :class:`Change` is the same change with values converted (numbers, datetimes, JSON, …);
-the envelope renders it. :class:`Message` is what a sink publishes: subject, payload, id and
-headers.
+the envelope renders it into a :class:`core.message.Message`, what a sink publishes: subject,
+payload, id and headers (a module of its own, compiled with the hot path).
 
 Changes are ``NamedTuple``: immutable, cheap to build, and dropped from the garbage
 collector's lists when they hold no containers. Markers are pickle-stable, so they are
@@ -25,7 +25,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, Self, final
+from typing import Any, Final, Literal, NamedTuple, Self
+
+from core.message import Message
 
 #: ``read`` is a row a backfill read from the table, not a change the log recorded.
 Action = Literal["insert", "update", "delete", "read", "truncate"]
@@ -311,50 +313,6 @@ class Change(NamedTuple):
     pks: tuple[str, ...] = ()
 
 
-@final
-class Message:
-    """What a sink publishes: its subject, payload, ``Nats-Msg-Id`` and further header lines,
-    and what its acknowledgement is counted under (as Bytewax's ``KafkaSinkMessage`` carries its
-    topic). Render builds every one (the envelope, shaping, dead letters) and nothing changes
-    one after: each attribute is ``Final`` but :attr:`row`, which render sets once. A class with
-    ``__slots__``, built positionally on the hot path (why not a frozen dataclass:
-    ``docs/design.md``, *core/events.py*)."""
-
-    __slots__ = ("commit_ts", "headers", "labels", "msg_id", "payload", "row", "subject")
-
-    def __init__(self, subject: bytes, payload: bytes, msg_id: str, labels: tuple[str, str], commit_ts: float = 0.0,
-                 headers: bytes = b"") -> None:
-        #: Where it is published: ``<prefix>.<database>.<schema>.<table>.<action>`` (:func:`core.subjects.subject`)
-        #: unless routing gave it another.
-        self.subject: Final = subject
-        self.payload: Final = payload
-        #: The idempotency id (``Nats-Msg-Id``), stable across replays (:mod:`core.ids`).
-        self.msg_id: Final = msg_id
-        #: ``(schema.table, action)`` of its change: ``walflow_changes_published_total``'s labels,
-        #: one tuple per table and action (its acknowledgement is counted by it).
-        self.labels: Final = labels
-        #: The commit's time (Unix seconds; 0.0 for a backfill's read or a dead letter): where the
-        #: commit → acknowledgement latency starts (``walflow_commit_to_ack_seconds``).
-        self.commit_ts: Final = commit_ts
-        #: Header lines after ``Nats-Msg-Id``, each ``Name: value\r\n``, already validated.
-        self.headers: Final = headers
-        #: The row it is a change of, as the slot's worker named it (a hash of its group key; 0:
-        #: none): the publisher never has two messages of one row in flight at once, so none can
-        #: be stored ahead of an earlier one JetStream dropped (``connectors/nats/publisher.py``).
-        #: :data:`BARRIER`: stored after everything before it and before anything after it.
-        self.row = 0
-
-    def __eq__(self, other: object) -> bool:
-        """Equal by what is published and counted (not by :attr:`row`, the publisher's concern)."""
-        return type(other) is Message and all(getattr(self, name) == getattr(other, name) for name in _PUBLISHED)
-
-    __hash__ = None  # type: ignore[assignment]  # equal by value, and not meant as a key
-
-    def __repr__(self) -> str:
-        return (f"Message({self.subject!r}, {len(self.payload)} bytes, {self.msg_id!r}, {self.labels!r}, "
-                f"{self.commit_ts!r}, {self.headers!r})")
-
-
 #: The :attr:`Message.row` of a message that is ordered against every other message of its
 #: partition, not only its row's: a transaction's BEGIN and END markers, a schema event. No
 #: group key's hash is this (Python's ``hash`` is a signed 64-bit value).
@@ -365,8 +323,6 @@ BARRIER: Final = 1 << 64
 #: at its COMMIT, a backfill's read alone. The atomic publisher reads it; it is never published.
 TRANSACTION_END: Final = Message(b"", b"", "", ("", ""))
 
-#: What :meth:`Message.__eq__` compares.
-_PUBLISHED: Final = ("commit_ts", "headers", "labels", "msg_id", "payload", "subject")
 
 
 class JsonText:

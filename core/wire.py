@@ -74,7 +74,7 @@ _FAST_UNTIL: Final = 2**32 * 1_000_000
 
 def pack(change: RawChange, row: int = 0) -> Packed:
     """``change`` as it crosses to its sink partition; ``row``: the row it changes, as a hash of
-    its group key (:attr:`core.events.Message.row`; 0: none)."""
+    its group key (:attr:`core.message.Message.row`; 0: none)."""
     action, table, new, old, old_is_key, lsn, idx, ts, xid, read, annotations = change
     return (table.uid, action, new, old, old_is_key, lsn, idx, (ts - _EPOCH) // _US, xid,
             None if read is None else (read.sink, read.backfill, read.row_key), annotations, row)

@@ -1,4 +1,4 @@
-"""The envelope: one change as Sequin's JSON payload and its idempotency id, a :class:`core.events.Message`.
+"""The envelope: one change as Sequin's JSON payload and its idempotency id, a :class:`core.message.Message`.
 
 The envelope addresses the message too: its default subject (:func:`core.subjects.subject`)
 and its metrics' labels, cached per table and action with the payload's head; routing may
@@ -37,18 +37,10 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from connectors.postgres.types import json_loads
-from core.events import (
-    UNCHANGED_TOAST,
-    UNCHANGED_TOAST_MARKER,
-    Change,
-    JsonText,
-    Message,
-    OversizedValue,
-    Row,
-    UnchangedToast,
-)
+from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Change, JsonText, OversizedValue, Row, UnchangedToast
 from core.ids import IdScheme
 from core.jsontext import is_json
+from core.message import Message
 from core.once import warn_once
 from core.subjects import subject as default_subject
 from transforms.record import changed_values
@@ -373,7 +365,7 @@ class Envelope:
         #: Where its messages are published, unrouted (:func:`core.subjects.subject`).
         self._prefix = sink.destination.subject_prefix
         #: (schema, table, action) -> what depends on them only: the payload's text (see _head),
-        #: the default subject and the metrics' labels (:class:`core.events.Message`).
+        #: the default subject and the metrics' labels (:class:`core.message.Message`).
         self._heads: dict[tuple[str, str, str], tuple[bytes, bytes, tuple[str, str]]] = {}
         #: Values the exact encoder rewrites before to_json, by exact type; all others pass untouched.
         unix = sink.timestamp_format == "unix_microsecond"
@@ -517,7 +509,7 @@ class Envelope:
 
     def address(self, schema: str, table: str, action: str) -> tuple[bytes, tuple[str, str]]:
         """The default subject of a table's and action's messages, and their metrics' labels
-        (what :class:`core.events.Message` takes beside the payload)."""
+        (what :class:`core.message.Message` takes beside the payload)."""
         parts = self._heads.get((schema, table, action)) or self._head(schema, table, action)
         return parts[1], parts[2]
 

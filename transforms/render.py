@@ -34,8 +34,9 @@ from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError, ValueFree, WordedTypeError
-from core.events import TRANSACTION_END, Change, Message, ReadOf, Row, Table
+from core.events import TRANSACTION_END, Change, ReadOf, Row, Table
 from core.ids import IdScheme
+from core.message import Message
 from core.metrics import CounterBatch, Metrics
 from core.sizes import OversizedReport, largest, replaced
 from core.wire import BEGIN, COMMIT, DESCRIBE, FORGET, SCHEMA, Crossing, Item, commit_time, opened
@@ -69,7 +70,7 @@ class StepFailed(Exception):
 
 
 class Render:
-    """One sink partition's table versions, and its items → :class:`~core.events.Message` s."""
+    """One sink partition's table versions, and its items → :class:`~core.message.Message` s."""
 
     def __init__(self, sink: SinkConfig, database: DatabaseConfig, shaping: Shaping,
                  metrics: Metrics | None = None, schema_events: SchemaEvents | None = None) -> None:

@@ -257,7 +257,7 @@ class Router:
 
     Called per message: ``router(action, schema, table, record, changes, metadata, pks)`` →
     ``(subject, headers)``, subject None for the default one (the envelope's), headers the
-    lines after ``Nats-Msg-Id`` (:attr:`core.events.Message.headers`). A
+    lines after ``Nats-Msg-Id`` (:attr:`core.message.Message.headers`). A
     :class:`RoutingError` when the message cannot be routed.
     """
 

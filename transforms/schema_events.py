@@ -47,8 +47,9 @@ from pydantic_core import to_json
 from config.schema import SinkConfig
 from connectors.postgres.protocol import lsn_to_str
 from core.errors import FatalError
-from core.events import BARRIER, ColumnShape, Message, RawChange, SchemaChange, Shape, Table
+from core.events import BARRIER, ColumnShape, RawChange, SchemaChange, Shape, Table
 from core.ids import IdScheme
+from core.message import Message
 from core.subjects import covers, schema_pattern, schema_subject
 
 log = logging.getLogger("walflow.transforms.schema_events")

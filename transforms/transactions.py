@@ -35,8 +35,9 @@ from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError
-from core.events import BARRIER, TRANSACTION_END, Message
+from core.events import BARRIER, TRANSACTION_END
 from core.ids import IdScheme
+from core.message import Message
 from core.subjects import covers, transaction_subject
 from core.wire import BEGIN, commit_time
 

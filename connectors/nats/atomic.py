@@ -47,7 +47,8 @@ from core.errors import (
     PublishRefused,
     by_code,
 )
-from core.events import TRANSACTION_END, Message
+from core.events import TRANSACTION_END
+from core.message import Message
 
 log = logging.getLogger("walflow.nats")
 

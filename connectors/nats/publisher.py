@@ -8,13 +8,13 @@ error only when there is one. nats-py's ``publish_async`` would build a future a
 ``PubAck`` per message (the README's *Performance*). nats-py still does connection, auth,
 TLS and reconnects.
 
-A message arrives addressed (:class:`core.events.Message`: subject, payload, id, headers);
+A message arrives addressed (:class:`core.message.Message`: subject, payload, id, headers);
 nothing here computes a subject. Messages go out in order on one connection, so JetStream
 stores them in order. When any fails (no ack within ``ack_timeout``, a disconnect, a
 :class:`core.errors.PublishFailed`), :meth:`AckPublisher.settle` waits for the rest of the
 window and re-sends the failed ones in their original order, with backoff; their
 ``Nats-Msg-Id`` makes one stored after all a duplicate JetStream drops. Two messages of one
-row (:attr:`core.events.Message.row`) are never in flight at once: the later is held back and
+row (:attr:`core.message.Message.row`) are never in flight at once: the later is held back and
 sent once the earlier is stored, so a leader change cannot drop one and store the next
 (``docs/design.md``, *the row fence*). A
 :class:`core.errors.PublishRefused` stops the flow (:class:`core.errors.PermanentPublishError`);
@@ -52,7 +52,7 @@ from core.errors import (
     StreamSetupError,
     by_code,
 )
-from core.events import Message
+from core.message import Message
 from core.metrics import CounterBatch, Metrics
 
 log = logging.getLogger("walflow.nats")

@@ -10,7 +10,7 @@ Routing by group key keeps each group's messages in one partition, in order, acr
 workers and epochs. The sink only partitions and publishes: it is built complete from a
 prepared :class:`connectors.nats.target.SinkTarget` (connection, stream, the ids to skip),
 which all its partitions in one process share, and a render factory; each partition turns
-its items into addressed :class:`core.events.Message` s and hands them to an
+its items into addressed :class:`core.message.Message` s and hands them to an
 :class:`~connectors.nats.publisher.AckPublisher`.
 """
 
@@ -25,7 +25,8 @@ from connectors.nats.atomic import AtomicPublisher
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher, payload_room
 from connectors.nats.target import SinkTarget
-from core.events import BARRIER, Message
+from core.events import BARRIER
+from core.message import Message
 from core.runtime import Runtime
 from core.threads import keep_thread_state
 
@@ -99,7 +100,7 @@ class JetStreamSink(FixedPartitionedSink[Any, SinkState]):
     An item's key is the index of its partition (``transforms/dispatch.py`` picks it from
     the group key): :meth:`part_fn` reads it back. Each partition turns its items into
     messages with its own ``render()`` (the flow's: conversion and envelope), or publishes
-    them as they are, :class:`~core.events.Message` s, without one.
+    them as they are, :class:`~core.message.Message` s, without one.
     """
 
     def __init__(self, target: SinkTarget, render: RenderFactory | None = None, publishes: bool = True) -> None:

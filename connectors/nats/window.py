@@ -15,7 +15,7 @@ from collections import deque
 from typing import Final
 
 from core.errors import PublishError, PublishRefused
-from core.events import Message
+from core.message import Message
 
 #: An ``HPUB`` command, as the NATS protocol spells it, is ``HPUB``, its subject, its reply
 #: subject (:meth:`Window.commands`), then this: the header block's size and the whole size,

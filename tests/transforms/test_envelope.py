@@ -28,8 +28,9 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from connectors.postgres.types import json_loads
-from core.events import UNCHANGED_TOAST, Action, Change, JsonText, Message, ReadOf, Row
+from core.events import UNCHANGED_TOAST, Action, Change, JsonText, ReadOf, Row
 from core.ids import IdScheme
+from core.message import Message
 from tests.transforms.samples import TS, TS_US, make_database, make_sink
 from transforms.envelope import Envelope, NotJSON, derived_id, encode_json, iso_usec
 from transforms.record import record_and_changes

@@ -17,7 +17,8 @@ import pytest
 from config.schema import SinkConfig
 from connectors.postgres.types import MAX_JSON_DEPTH, TypeSpecs, loaders_for
 from core.errors import FatalError
-from core.events import JsonText, Message, RawChange, ReadOf, Row, Table
+from core.events import JsonText, RawChange, ReadOf, Row, Table
+from core.message import Message
 from core.wire import DESCRIBE, pack
 from tests.pipeline import any_depth, loads_any_depth
 from tests.transforms.samples import ROOM, TS, make_database, make_render, make_sink

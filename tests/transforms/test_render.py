@@ -15,7 +15,8 @@ import pytest
 
 from config.schema import SinkConfig
 from core.errors import FatalError
-from core.events import Message, RawChange, RawRow, ReadOf, Table
+from core.events import RawChange, RawRow, ReadOf, Table
+from core.message import Message
 from core.metrics import Metrics
 from core.wire import DESCRIBE, pack
 from tests.transforms.samples import ROOM, TS, make_render, make_sink

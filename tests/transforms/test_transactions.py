@@ -11,8 +11,9 @@ import pytest
 
 from connectors.nats.replay import _lsn
 from core.errors import FatalError
-from core.events import BARRIER, TRANSACTION_END, Commit, Message, RawChange, ReadOf, Table
+from core.events import BARRIER, TRANSACTION_END, Commit, RawChange, ReadOf, Table
 from core.ids import IdScheme
+from core.message import Message
 from tests.transforms.samples import ROOM, TS, TS_US, make_render, make_sink
 from tests.transforms.test_dispatch import typed_table
 from transforms.dispatch import Dispatch

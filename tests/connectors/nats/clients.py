@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from config.schema import NatsDestination
 from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
-from core.events import Message
+from core.message import Message
 from core.runtime import Runtime
 from core.subjects import subject as default_subject
 from tests.harness import Nats

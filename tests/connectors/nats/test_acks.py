@@ -8,7 +8,7 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.window import InFlight
 from core.errors import NoStreamError
-from core.events import Message
+from core.message import Message
 
 MESSAGE = Message(b"p.d.public.orders.insert", b"{}", "id-1", ("public.orders", "insert"))
 

@@ -20,7 +20,8 @@ from connectors.nats.natspy import WalflowClient
 from connectors.nats.replay import ids_since
 from connectors.nats.stream import OWN_DESCRIPTION, ensure_stream
 from core.errors import StreamSetupError
-from core.events import TRANSACTION_END, Message
+from core.events import TRANSACTION_END
+from core.message import Message
 from core.runtime import Runtime
 from tests.connectors.nats.clients import message
 from tests.harness import Nats, TestNames

@@ -14,7 +14,7 @@ from connectors.nats.connection import connect
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.stream import ensure_stream
-from core.events import Message
+from core.message import Message
 from core.metrics import Metrics
 from core.runtime import Runtime
 from embedded import wait_for

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from connectors.nats.publisher import AckPublisher
 from connectors.nats.sink import JetStreamPartition
-from core.events import BARRIER, Message
+from core.events import BARRIER
+from core.message import Message
 from core.runtime import Runtime
 
 _HPUB = re.compile(rb"HPUB (\S+) (\S+) \d+ \d+\r\nNATS/1.0\r\nNats-Msg-Id: (\S+)\r\n")

@@ -16,7 +16,7 @@ from connectors.nats.replay import ids_since
 from connectors.nats.stream import ensure_stream
 from connectors.nats.window import InFlight
 from core.errors import FatalError, PermanentPublishError, StreamSetupError
-from core.events import Message
+from core.message import Message
 from core.runtime import Runtime
 from embedded import wait_for
 from tests.connectors.nats.clients import message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from connectors.nats.window import HEADERS_SIZE, InFlight, Window
 from core.errors import PublishRefused
-from core.events import Message
+from core.message import Message
 
 PREFIX = b"_INBOX_walflow.abc."
 
