@@ -57,11 +57,29 @@ _MEMORY_PER_WAL_BYTE: Final = 2
 #: copying the message first and slicing the copy costs less than a view per value.
 VIEW_ABOVE: Final = 64 * 1024
 
-_XLOGDATA, _KEEPALIVE = b"wk"
-_BEGIN, _COMMIT, _INSERT, _UPDATE, _DELETE = b"BCIUD"
-_RELATION, _TYPE, _ORIGIN, _TRUNCATE, _MESSAGE = b"RYOTM"
-_NEW, _KEY, _OLD = b"NKO"
-_TEXT, _NULL, _UNCHANGED = b"tnu"
+# Message kinds (a byte, read as an int) as int literals: compiled, a ``Final`` literal is a C
+# constant, where a name unpacked from ``b"BCIUD"`` is a module dict lookup at every use
+# (tests/connectors/postgres/test_decoder.py holds each to its letter).
+_XLOGDATA: Final = 0x77  # w
+_KEEPALIVE: Final = 0x6B  # k
+_BEGIN: Final = 0x42  # B
+_COMMIT: Final = 0x43  # C
+_INSERT: Final = 0x49  # I
+_UPDATE: Final = 0x55  # U
+_DELETE: Final = 0x44  # D
+_RELATION: Final = 0x52  # R
+_TYPE: Final = 0x59  # Y
+_ORIGIN: Final = 0x4F  # O
+_TRUNCATE: Final = 0x54  # T
+_MESSAGE: Final = 0x4D  # M
+_NEW: Final = 0x4E  # N
+_KEY: Final = 0x4B  # K
+_OLD: Final = 0x4F  # O
+_TEXT: Final = 0x74  # t
+_NULL: Final = 0x6E  # n
+_UNCHANGED: Final = 0x75  # u
+#: The XLogData header's length, as a name of this module (compiled: not a lookup in protocol's).
+_HEADER: Final = XLOGDATA_HEADER
 _REPLICA_IDENTITIES: Final = frozenset("dnfi")
 _TRUNCATE_FLAGS: Final = 3  # cascade, restart identity
 _MESSAGE_TRANSACTIONAL: Final = 1
@@ -216,7 +234,7 @@ class Decoder:
             if data[0] != _XLOGDATA:
                 return self._keepalive(data)
             size = len(data)
-            tag = data[XLOGDATA_HEADER] if size > XLOGDATA_HEADER else -1
+            tag = data[_HEADER] if size > _HEADER else -1
             if tag == _INSERT or tag == _UPDATE or tag == _DELETE:
                 if size > self._view_above:
                     self._large(data, size, tag)
@@ -398,7 +416,7 @@ class Decoder:
             raise DecodeError(f"XLogData of {len(buf)} bytes holds no message")
         (start,) = _XLOG_START.unpack_from(buf)
         self.received = max(self.received, start)
-        pos = XLOGDATA_HEADER + 1
+        pos = _HEADER + 1
         if tag == _RELATION:
             relation = _relation(buf, pos)
             self._tables[relation.relid] = self._catalog.describe(relation)
@@ -416,7 +434,7 @@ class Decoder:
         elif tag == _TRUNCATE:
             self._truncate(buf, pos)
         elif tag == _BEGIN or tag == _COMMIT:
-            raise DecodeError(f"{'Begin' if tag == _BEGIN else 'Commit'} of {len(buf) - XLOGDATA_HEADER} bytes")
+            raise DecodeError(f"{'Begin' if tag == _BEGIN else 'Commit'} of {len(buf) - _HEADER} bytes")
         elif tag in _NOT_REQUESTED:
             raise DecodeError(f"unexpected {_NOT_REQUESTED[tag]} message: walflow did not ask for it")
         else:
@@ -600,5 +618,5 @@ def _end(buf: bytes, pos: int) -> None:
 
 def _show(data: memoryview | bytes) -> str:
     head = bytes(data[:1])
-    tag = bytes(data[XLOGDATA_HEADER : XLOGDATA_HEADER + 1]) if head == b"w" else b""
+    tag = bytes(data[_HEADER : _HEADER + 1]) if head == b"w" else b""
     return f"{head!r}{'/' + repr(tag) if tag else ''} ({len(data)} bytes)"

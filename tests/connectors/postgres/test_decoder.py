@@ -57,6 +57,16 @@ def changes(items: list[Item]) -> list[RawChange]:
     return [item for item in items if isinstance(item, RawChange)]
 
 
+def test_each_message_kind_is_its_protocol_letter() -> None:
+    """The kinds are int literals (compiled, a C constant each): each is the byte the protocol names."""
+    from connectors.postgres import decoder
+
+    letters = {"_XLOGDATA": "w", "_KEEPALIVE": "k", "_BEGIN": "B", "_COMMIT": "C", "_INSERT": "I", "_UPDATE": "U",
+               "_DELETE": "D", "_RELATION": "R", "_TYPE": "Y", "_ORIGIN": "O", "_TRUNCATE": "T", "_MESSAGE": "M",
+               "_NEW": "N", "_KEY": "K", "_OLD": "O", "_TEXT": "t", "_NULL": "n", "_UNCHANGED": "u"}
+    assert {name: chr(getattr(decoder, name)) for name in letters} == letters
+
+
 # -- the rules, on hand-built messages ---------------------------------------------------------------------
 
 
