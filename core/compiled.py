@@ -45,6 +45,7 @@ MODULES: Final = (
     "transforms/record.py",
     "transforms/render.py",
     "transforms/route.py",
+    "transforms/shape.py",
 )
 #: One shared library for all of them, so calls between them stay C calls.
 GROUP: Final = "walflow_hot"
