@@ -10,6 +10,7 @@ in the steps that are walflow's own CPU and need no server:
 - ``render``: a sink partition's step (conversion, the envelope, the message) for the mixed
   workload's changes, 60 % inserts, 30 % updates, 10 % deletes, unshaped;
 - ``shaped``: the same with the benchmark's ``--shaping typical`` (bench/walflow.py);
+- ``read``: the same step for a backfill chunk's rows, as reads of the bench table, unshaped;
 - ``publish``: the NATS loop's part of each of those messages that is walflow's own: the
   publisher takes a batch (its window, the row fence, the ``HPUB`` block handed to nats-py),
   matches each ack read from the wire, and settles; nats-py and the socket left out.
@@ -89,10 +90,10 @@ def _decode(passes: int) -> int:
     return staged
 
 
-def _render(passes: int, shaped: bool, keep: list[Message] | None = None) -> int:
+def _render(passes: int, shaped: bool, keep: list[Message] | None = None, reads: bool = False) -> int:
     from bench.walflow import BENCH_TABLE, MASK_SECRET, SHAPINGS
     from connectors.postgres.types import TypeSpecs, loaders_for
-    from core.events import RawChange, Table
+    from core.events import RawChange, ReadOf, Table
     from core.wire import DESCRIBE, pack
     from tests.transforms.samples import ROOM, TS, make_render, make_sink
 
@@ -102,7 +103,10 @@ def _render(passes: int, shaped: bool, keep: list[Message] | None = None) -> int
     items: list[Any] = []
     for i in range(CHANGES):
         kind = i % 10
-        if kind < 6:
+        if reads:  # a backfill chunk's rows at its high watermark (connectors/postgres/backfill.py)
+            read = ReadOf("bench", "bf-1", f'["{i}"]')
+            change = RawChange("read", table, _texts(i), None, False, 1000, i + 1, TS, 0, read)
+        elif kind < 6:
             change = RawChange("insert", table, _texts(i), None, False, 1000 + i, 0, TS, 9)
         elif kind < 9:
             change = RawChange("update", table, _texts(i), None, False, 1000 + i, 0, TS, 9)
@@ -178,11 +182,11 @@ def step(name: str, passes: int) -> int:
     how many changes it staged or messages it made."""
     if name == "decode":
         return _decode(passes)
-    if name in ("render", "shaped"):
-        return _render(passes, shaped=name == "shaped")
+    if name in ("render", "shaped", "read"):
+        return _render(passes, shaped=name == "shaped", reads=name == "read")
     if name == "publish":
         return _publish(passes)
-    raise SystemExit(f"no step '{name}': decode, render, shaped, publish")
+    raise SystemExit(f"no step '{name}': decode, render, shaped, read, publish")
 
 
 def _count(tree: Path, step: str, passes: int) -> int:
@@ -201,7 +205,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the checkout whose walflow runs [this one]")
-    parser.add_argument("--steps", default="decode,render,shaped,publish", help="of decode, render, shaped, publish [all]")
+    parser.add_argument("--steps", default="decode,render,shaped,read,publish",
+                        help="of decode, render, shaped, read, publish [all]")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one counted run (what this starts under callgrind)
     parser.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
