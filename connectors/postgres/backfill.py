@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TypedDict
+from typing import Final, TypedDict
 
 from config.schema import BackfillSettings, SinkConfig
 from connectors.postgres import signals
@@ -43,6 +43,8 @@ from core.metrics import Metrics
 __all__ = ["Admission", "BackfillRunner", "BackfillState", "Backfills", "Release"]
 
 log = logging.getLogger("walflow.backfill")
+
+_new_tuple: Final = tuple.__new__
 
 
 class BackfillState(TypedDict):
@@ -315,8 +317,11 @@ class Backfills:
         if chunk is None:
             return None  # its rows are gone (a retried chunk): the runner reads it again
         sink, backfill, table, lsn, ts = request.sink, request.id, chunk.table, item.commit_lsn, item.commit_ts
-        reads = [
-            RawChange("read", table, row, None, False, lsn, idx, ts, 0, ReadOf(sink, backfill, key))
+        # each row's RawChange and ReadOf made as their NamedTuple.__new__ makes them, without that
+        # function's frame: half the time per row (a chunk is up to thousands of rows)
+        reads: list[RawChange] = [
+            _new_tuple(RawChange, ("read", table, row, None, False, lsn, idx, ts, 0,
+                                   _new_tuple(ReadOf, (sink, backfill, key)), None))
             for idx, (row, key) in enumerate(
                 ((row, key) for row, key in zip(chunk.rows, chunk.keys, strict=True) if key not in changed), 1)
         ]

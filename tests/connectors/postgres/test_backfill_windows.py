@@ -19,7 +19,7 @@ from connectors.postgres.chunks import Chunk
 from connectors.postgres.decoder import Signal
 from connectors.postgres.signals import BackfillRequest, Cursor, CursorSeal
 from connectors.postgres.signals import Signal as Watermark
-from core.events import UNCHANGED_TOAST, RawChange, RawRow, Table
+from core.events import UNCHANGED_TOAST, RawChange, RawRow, ReadOf, Table
 from core.ids import row_key
 from tests.transforms.samples import TS, make_sink, raw_change
 
@@ -127,6 +127,11 @@ def test_a_high_watermark_releases_the_rows_whose_key_did_not_change_in_its_wind
     assert [(c.action, c.new, c.commit_lsn, c.commit_idx) for c in out] == [
         ("read", (b"1", b"new"), 5000, 1), ("read", (b"4", b"new"), 5000, 2)]
     assert [c.read for c in out] == [("app-to-nats", "b1", '["1"]'), ("app-to-nats", "b1", '["4"]')]
+    # whole RawChanges, made without their class's __new__: every field in its place, none missing
+    assert all(type(c) is RawChange and len(c) == len(RawChange._fields) for c in out)
+    assert [(type(c.read), c.read and c.read.row_key) for c in out] == [(ReadOf, row_key(["1"])), (ReadOf, row_key(["4"]))]
+    assert [(c.table, c.old, c.old_is_key, c.commit_ts, c.xid, c.annotations) for c in out] == [
+        (TABLE, None, False, TS, 0, None)] * 2
     assert size == 200 and not backfills.watching
     assert runner.entry().rows == 2 and runner.entry().starts == {}  # settled: the runner may read on
     assert backfills.snapshot() == [{"request": {"id": "b1", "sink": "app-to-nats", "table": "public.orders",
