@@ -7,6 +7,8 @@ in the steps that are walflow's own CPU and need no server:
 
 - ``decode``: the reader's decoder, a one-row transaction (Begin, an Insert of the bench
   table's seven columns, Commit), from CopyData bytes to the staged change;
+- ``dispatch``: the slot's worker's step for those changes (filter, group key, partition,
+  packing), each partition's list sealed as it crosses to another process;
 - ``render``: a sink partition's step (conversion, the envelope, the message) for the mixed
   workload's changes, 60 % inserts, 30 % updates, 10 % deletes, unshaped;
 - ``shaped``: the same with the benchmark's ``--shaping typical`` (bench/walflow.py);
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where they run: --tree puts another checkout's walflow first
+    from core.events import RawChange
     from core.message import Message
 
 #: The bench table's columns and the Postgres types their texts are (bench/workloads.py).
@@ -90,20 +93,21 @@ def _decode(passes: int) -> int:
     return staged
 
 
-def _render(passes: int, shaped: bool, keep: list[Message] | None = None, reads: bool = False) -> int:
-    from bench.walflow import BENCH_TABLE, MASK_SECRET, SHAPINGS
+def _changes(reads: bool) -> list[RawChange]:
+    """The workload's changes as the slot's worker has them: the mixed workload's, or (``reads``)
+    a backfill chunk's rows at its high watermark (connectors/postgres/backfill.py)."""
+    from bench.walflow import BENCH_TABLE
     from connectors.postgres.types import TypeSpecs, loaders_for
     from core.events import RawChange, ReadOf, Table
-    from core.wire import DESCRIBE, pack
-    from tests.transforms.samples import ROOM, TS, make_render, make_sink
+    from tests.transforms.samples import TS
 
     types = TypeSpecs(tuple(oid for _, oid in _COLUMNS), ())
     schema, name = BENCH_TABLE.split(".") if "." in BENCH_TABLE else ("public", BENCH_TABLE)
     table = Table(schema, name, tuple(column for column, _ in _COLUMNS), ("id",), ("id",), loaders_for(types), "app", 1)
-    items: list[Any] = []
+    changes: list[RawChange] = []
     for i in range(CHANGES):
         kind = i % 10
-        if reads:  # a backfill chunk's rows at its high watermark (connectors/postgres/backfill.py)
+        if reads:
             read = ReadOf("bench", "bf-1", f'["{i}"]')
             change = RawChange("read", table, _texts(i), None, False, 1000, i + 1, TS, 0, read)
         elif kind < 6:
@@ -112,12 +116,50 @@ def _render(passes: int, shaped: bool, keep: list[Message] | None = None, reads:
             change = RawChange("update", table, _texts(i), None, False, 1000 + i, 0, TS, 9)
         else:
             change = RawChange("delete", table, None, (str(i).encode(), *(None,) * 6), True, 1000 + i, 0, TS, 9)
-        items.append(pack(change, i))
+        changes.append(change)
+    return changes
+
+
+def _sink(shaped: bool) -> Any:
+    from bench.walflow import SHAPINGS
+    from tests.transforms.samples import make_sink
+
     shaping = SHAPINGS["typical"]
     assert shaping is not None
     extra = shaping.sink if shaped else {}
-    sink = make_sink(destination={"type": "nats", "host": "localhost", "subject_prefix": "wf"}, **extra)
-    render = make_render(sink, secret=MASK_SECRET)
+    return make_sink(destination={"type": "nats", "host": "localhost", "subject_prefix": "wf"}, **extra)
+
+
+def _dispatch(passes: int) -> int:
+    """The slot's worker's part: filter, group key, partition and packing, each partition's list
+    sealed as it crosses to another process (a cluster's slot process publishes none itself)."""
+    from transforms.dispatch import Dispatch
+
+    changes = _changes(reads=False)
+    batches = [changes[start : start + 500] for start in range(0, CHANGES, 500)]  # the slot's batches
+    # what is routed, counted once (the same in every run: not in the difference callgrind's counts give)
+    unsealed = Dispatch(_sink(shaped=False))
+    routed = 0
+    for batch in batches:
+        for _, items in unsealed.route(batch):
+            assert isinstance(items, list)  # not crossing: the lists themselves
+            routed += sum(type(item[0]) is int for item in items)  # the changes (not a table's description)
+    dispatch = Dispatch(_sink(shaped=False), crosses=True)
+    for _ in range(passes):
+        for batch in batches:
+            dispatch.route(batch)
+    return passes * routed
+
+
+def _render(passes: int, shaped: bool, keep: list[Message] | None = None, reads: bool = False) -> int:
+    from bench.walflow import MASK_SECRET
+    from core.wire import DESCRIBE, pack
+    from tests.transforms.samples import ROOM, make_render
+
+    changes = _changes(reads)
+    table = changes[0].table
+    items: list[Any] = [pack(change, i) for i, change in enumerate(changes)]
+    render = make_render(_sink(shaped), secret=MASK_SECRET)
     render([[(DESCRIBE, table)]], ROOM)
     messages = 0
     for _ in range(passes):
@@ -186,7 +228,9 @@ def step(name: str, passes: int) -> int:
         return _render(passes, shaped=name == "shaped", reads=name == "read")
     if name == "publish":
         return _publish(passes)
-    raise SystemExit(f"no step '{name}': decode, render, shaped, read, publish")
+    if name == "dispatch":
+        return _dispatch(passes)
+    raise SystemExit(f"no step '{name}': decode, dispatch, render, shaped, read, publish")
 
 
 def _count(tree: Path, step: str, passes: int) -> int:
@@ -205,8 +249,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the checkout whose walflow runs [this one]")
-    parser.add_argument("--steps", default="decode,render,shaped,read,publish",
-                        help="of decode, render, shaped, read, publish [all]")
+    parser.add_argument("--steps", default="decode,dispatch,render,shaped,read,publish",
+                        help="of decode, dispatch, render, shaped, read, publish [all]")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one counted run (what this starts under callgrind)
     parser.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
