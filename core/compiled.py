@@ -41,6 +41,7 @@ MODULES: Final = (
     "transforms/convert.py",
     "transforms/dispatch.py",
     "transforms/envelope.py",
+    "transforms/filter.py",
     "transforms/group.py",
     "transforms/record.py",
     "transforms/render.py",
