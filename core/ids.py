@@ -53,6 +53,10 @@ def row_key(texts: Sequence[RawValue | object]) -> str:
     a ``SQL_ASCII`` database, in URL-safe base64). Equal texts give equal keys in every process.
     Total: a marker among them (an oversized value in a sink's ``group_column_names``; key
     columns never lose theirs, ``core/sizes.py``) is its ``repr``, which names its size and CRC."""
+    if len(texts) == 1:
+        only = texts[0]
+        if type(only) is bytes and only.isdigit():  # an integer key, the usual: its JSON is its text quoted
+            return '["' + only.decode("ascii") + '"]'
     try:
         return to_json(texts).decode()
     except PydanticSerializationError:

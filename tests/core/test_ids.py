@@ -6,9 +6,10 @@ import base64
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic_core import PydanticSerializationError, to_json
 
 from core.events import Position
-from core.ids import IdScheme
+from core.ids import IdScheme, row_key
 
 WALFLOW = IdScheme("app", "orders-to-nats")
 SEQUIN = IdScheme("app", "orders-to-nats", msg_id="sequin")
@@ -82,3 +83,18 @@ def test_in_sequin_form_any_sinks_position_id_decodes() -> None:
     """Sequin's ids name no sink: whose they are, only the subject they were read from says
     (the replay scan reads this sink's subjects only)."""
     assert SEQUIN.decode(IdScheme("crm", "x", msg_id="sequin").encode(5, 6).decode()) == Position(5, 6)
+
+
+@given(st.lists(st.one_of(st.binary(max_size=12), st.from_regex(rb"\A[0-9]{1,20}\Z"), st.none()), min_size=1, max_size=3))
+def test_a_row_key_is_the_json_array_of_its_texts_whatever_path_makes_it(texts: list[bytes | None]) -> None:
+    """An integer key takes a short path (its text quoted); every key is still the JSON the
+    general path writes, byte for byte: ids and partitions must not change with the path."""
+    try:
+        expected = to_json(texts).decode()
+    except PydanticSerializationError:  # not UTF-8: base64 (the general path, tested by the sizes' markers too)
+        return
+    assert row_key(texts) == expected
+
+
+def test_an_integer_keys_short_path() -> None:
+    assert row_key([b"42"]) == '["42"]' and row_key([b""]) == '[""]' and row_key([b"-1"]) == '["-1"]'
