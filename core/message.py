@@ -2,7 +2,7 @@
 
 Its own module so that it is compiled with the hot path (``core/compiled.py``): a native class,
 which the compiled envelope and render build without a Python ``__init__`` frame and read
-by C attribute access. :mod:`core.events` re-exports it, beside the changes it is made from.
+by C attribute access. The changes it is made from are in :mod:`core.events`.
 Why a class with ``__slots__`` and not a frozen dataclass or a tuple: ``docs/design.md``,
 *core/events.py*.
 """

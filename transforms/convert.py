@@ -27,16 +27,22 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Final
 
-from core.events import UNCHANGED_TOAST, UNCHANGED_TOAST_MARKER, Action, Change, RawChange, RawRow, ReadOf, Row, Table
+from core.events import (
+    UNCHANGED_TOAST,
+    UNCHANGED_TOAST_MARKER,
+    Action,
+    Change,
+    RawChange,
+    RawRow,
+    ReadOf,
+    Row,
+    Table,
+    new_tuple,
+)
 from core.once import warn_once
 
 log = logging.getLogger("walflow.transforms.convert")
-
-#: A :class:`Change` made as its ``NamedTuple.__new__`` makes it, without that function's
-#: Python frame: compiled, a call of the class runs it interpreted (~5k instructions a change).
-_new_tuple: Final = tuple.__new__
 
 
 def as_text(value: bytes, column: str, exc: Exception) -> str:
@@ -103,5 +109,5 @@ def convert_fields(action: Action, table: Table, raw_new: RawRow | None, raw_old
         old = convert_row(table, raw_old)
     keyed = raw_new if raw_new is not None else raw_old
     pks = () if keyed is None or not table.key_positions else _pks(table, keyed, raw_old)
-    return _new_tuple(Change, (action, table.schema, table.name, table.key_columns, new, old, commit_lsn, commit_idx,
-                               commit_ts, xid, read, annotations, pks))
+    return new_tuple(Change, (action, table.schema, table.name, table.key_columns, new, old, commit_lsn, commit_idx,
+                              commit_ts, xid, read, annotations, pks))

@@ -34,7 +34,7 @@ from pydantic_core import to_json
 
 from config.schema import DatabaseConfig, SinkConfig
 from core.errors import FatalError, ValueFree, WordedTypeError
-from core.events import TRANSACTION_END, Change, ReadOf, Row, Table
+from core.events import TRANSACTION_END, Change, ReadOf, Row, Table, new_tuple
 from core.ids import IdScheme
 from core.message import Message
 from core.metrics import CounterBatch, Metrics
@@ -54,9 +54,6 @@ from transforms.transactions import BLOCK_ROOM, Markers, Note
 _Pending = tuple[int, Plan, Change, Table, Item]
 #: The step a dead letter names when its message could not fit (never stops: see the module docstring).
 SIZE_STEP: Final = "size"
-#: A read's :class:`ReadOf` made from its packed fields as the NamedTuple's ``__new__`` makes it,
-#: without that function's Python frame (2.2k instructions a read, compiled).
-_new_tuple: Final = tuple.__new__
 
 
 class StepFailed(Exception):
@@ -132,7 +129,7 @@ class Render:
                     if micros != last_micros:
                         last_micros, last_time = micros, commit_time(micros)
                     change = convert_fields(action, table, new, old, old_is_key, lsn, idx, last_time, xid,
-                                            None if read is None else _new_tuple(ReadOf, read), annotations)
+                                            None if read is None else new_tuple(ReadOf, read), annotations)
                     plan = plans[head]
                     if plan is None:
                         message = envelope(change)
@@ -225,7 +222,7 @@ class Render:
                 lost[r].add(c)
             rows = (None if old is None else replaced(old, lost[0]), None if new is None else replaced(new, lost[1]))
             fitted = convert_fields(action, table, rows[1], rows[0], old_is_key, lsn, idx, commit_time(micros), xid,
-                                    None if read is None else _new_tuple(ReadOf, read), annotations)
+                                    None if read is None else new_tuple(ReadOf, read), annotations)
             if plan is None:
                 message = self._envelope(fitted)
             else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Final, TypedDict
+from typing import TypedDict
 
 from config.schema import BackfillSettings, SinkConfig
 from connectors.postgres import signals
@@ -36,15 +36,13 @@ from connectors.postgres.backfill_runner import BackfillRunner
 from connectors.postgres.decoder import Signal
 from connectors.postgres.messages import BACKFILL, Reason
 from connectors.postgres.signals import BackfillRequest, Cursor, NotASignal, signing_key
-from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table
+from core.events import UNCHANGED_TOAST, RawChange, RawRow, RawValue, ReadOf, Table, new_tuple
 from core.ids import row_key
 from core.metrics import Metrics
 
 __all__ = ["Admission", "BackfillRunner", "BackfillState", "Backfills", "Release"]
 
 log = logging.getLogger("walflow.backfill")
-
-_new_tuple: Final = tuple.__new__
 
 
 class BackfillState(TypedDict):
@@ -320,8 +318,8 @@ class Backfills:
         # each row's RawChange and ReadOf made as their NamedTuple.__new__ makes them, without that
         # function's frame: half the time per row (a chunk is up to thousands of rows)
         reads: list[RawChange] = [
-            _new_tuple(RawChange, ("read", table, row, None, False, lsn, idx, ts, 0,
-                                   _new_tuple(ReadOf, (sink, backfill, key)), None))
+            new_tuple(RawChange, ("read", table, row, None, False, lsn, idx, ts, 0,
+                                  new_tuple(ReadOf, (sink, backfill, key)), None))
             for idx, (row, key) in enumerate(
                 ((row, key) for row, key in zip(chunk.rows, chunk.keys, strict=True) if key not in changed), 1)
         ]
