@@ -39,7 +39,7 @@ from connectors.postgres.messages import ANNOTATIONS_CLEAR, ANNOTATIONS_SET, HEA
 from connectors.postgres.protocol import XLOGDATA_HEADER, parse_keepalive, pg_timestamp
 from connectors.postgres.relations import Column, Relation, TypeName
 from core.errors import FatalError
-from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, RawValue, Table
+from core.events import UNCHANGED_TOAST, Action, RawChange, RawRow, RawValue, Table, new_tuple
 from core.sizes import largest, replaced
 
 #: An index beyond any transaction's last: "all of it" in ResumePoint.emitted_up_to.
@@ -104,7 +104,6 @@ _U16: Final = struct.Struct("!H")
 _U32: Final = struct.Struct("!I")
 _U64: Final = struct.Struct("!Q")
 _COLUMN_TYPE: Final = struct.Struct("!Ii")  # type_oid, typmod
-_new_tuple: Final = tuple.__new__
 _TRUNCATE_HEAD: Final = struct.Struct("!IB")  # nrels, flags
 _XLOG_MESSAGE: Final = struct.Struct("!xQ16xxBQ")  # dataStart, then after 'M': flags, lsn; the prefix follows
 #: Message types that exist but that only options this session does not set bring.
@@ -375,11 +374,11 @@ class Decoder:
         self._txn_idx = idx + 1
         if idx > self._txn_emitted:
             # what _stage and change_memory do, inline: this runs for every change; and
-            # tuple.__new__, as RawChange's generated __new__ is a Python call of its own
+            # new_tuple (core/events.py), as RawChange's generated __new__ is a Python call of its own
             size = (_MEMORY_PER_CHANGE + _MEMORY_PER_WAL_BYTE * len(buf)
                     + _MEMORY_PER_COLUMN * ((0 if new is None else ncols) + (0 if old is None else ncols)))
-            self.staged.append(_new_tuple(RawChange, (action, table, new, old, old_is_key, commit_lsn, idx,
-                                                      self._txn_ts, self._txn_xid, None, self._txn_annotations)))
+            self.staged.append(new_tuple(RawChange, (action, table, new, old, old_is_key, commit_lsn, idx,
+                                                     self._txn_ts, self._txn_xid, None, self._txn_annotations)))
             self.staged_sizes.append(size)
             self.staged_size += size
             self._last = (commit_lsn, idx)
