@@ -23,7 +23,10 @@ from typing import Any
 
 import nats
 import psycopg
+from nats.errors import NoRespondersError
+from nats.js.errors import ServiceUnavailableError
 
+from embedded import wait_for
 from embedded.nats import NatsCluster
 from tests.harness import Database, TestNames, slot_confirmed
 from tests.pipeline import Stored, stored, write_config
@@ -150,7 +153,18 @@ def check_counters(db: Database, nodes: NatsCluster, stream: str,
     return events, out_of_order
 
 
-def read_all(nodes: NatsCluster, stream: str) -> list[Stored]:
-    """Everything in ``stream``, read through its leader once it has one: right after a node woke
-    or restarted the stream may still be electing one, and a fetch then gets a 503."""
-    return stored(nodes.wait_for_stream_leader(stream).url, stream)
+def read_all(nodes: NatsCluster, stream: str, timeout: float = 60.0) -> list[Stored]:
+    """Everything in ``stream``, read through its leader once it has one. Right after a node woke
+    or restarted, the stream may still be electing a leader, or the reading consumer (replicated
+    like its stream) its own, and a fetch then gets a 503: the read starts again, to a deadline."""
+    out: list[list[Stored]] = []
+
+    def read() -> bool:
+        try:
+            out[:] = [stored(nodes.wait_for_stream_leader(stream).url, stream)]
+        except (ServiceUnavailableError, NoRespondersError):
+            return False
+        return True
+
+    wait_for(read, timeout=timeout, what=f"stream {stream} to answer a read", interval=0.5)
+    return out[0]
