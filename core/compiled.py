@@ -30,6 +30,7 @@ from typing import Final
 
 #: The modules compiled, as their sources' paths from the project root.
 MODULES: Final = (
+    "connectors/nats/frames.py",
     "connectors/nats/window.py",
     "connectors/postgres/decoder.py",
     "connectors/postgres/types.py",

@@ -32,8 +32,6 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import logging
-import re
-from collections.abc import Callable
 from typing import Final
 
 import nats.errors
@@ -42,6 +40,8 @@ from nats.aio.subscription import Subscription
 from nats.aio.transport import TcpTransport
 from nats.protocol import parser as natspy_parser
 from nats.protocol.parser import Parser
+
+from connectors.nats.frames import DirectHandler, direct_frames
 
 log = logging.getLogger("walflow.nats")
 
@@ -137,9 +137,6 @@ def check() -> None:
 
 check()
 
-
-#: Called with a message's subject, payload and raw header block (None without headers).
-DirectHandler = Callable[[bytes, bytes, bytes | None], None]
 
 
 class TlsNotStarted(nats.errors.Error):
@@ -247,8 +244,6 @@ class WalflowClient(Client):
 
 
 _AWAITING_CONTROL_LINE: Final[int] = natspy_parser.AWAITING_CONTROL_LINE
-#: A ``MSG`` frame's control line without a reply subject, as nats-server writes it.
-_DIRECT_MSG: Final = re.compile(rb"MSG (\S+) (\d+) (\d+)\r\n")
 
 
 class DirectParser(Parser):
@@ -258,7 +253,8 @@ class DirectParser(Parser):
     front of its buffer (moving the rest: quadratic in the frames of one read) and awaits a
     coroutine. JetStream acks are nearly all of walflow's incoming frames, so while the
     frames are ``MSG <subject> <sid> <size>`` of a direct subscription, they are read here
-    from the bytes as received, by offset, and handed to the handler at once. At the first
+    from the bytes as received, by offset, and handed to the handler at once
+    (:func:`connectors.nats.frames.direct_frames`, compiled with the hot path). At the first
     frame that is anything else (headers, a reply subject, another subscription's, PING,
     INFO, -ERR, a control line not received whole), everything from there goes to nats-py's
     parser, in order; a direct frame whose payload is not received whole waits in ``buf``
@@ -278,29 +274,8 @@ class DirectParser(Parser):
             buf.extend(data)
             data = bytes(buf)
             buf.clear()
-        pos, waiting = self._direct_frames(data)
+        pos, waiting = direct_frames(data, self._direct)
         if waiting:
             buf.extend(data[pos:])
         elif pos < len(data):
             await super().parse(data[pos:] if pos else data)
-
-    def _direct_frames(self, data: bytes) -> tuple[int, bool]:
-        """Hand on the direct frames at the start of ``data``: the offset after them, and
-        whether what follows is a direct frame whose payload is not yet received whole."""
-        direct, size, pos = self._direct, len(data), 0
-        match = _DIRECT_MSG.match
-        while (frame := match(data, pos)) is not None:
-            subject, sid, length = frame.groups()
-            entry = direct.get(int(sid))
-            if entry is None:
-                break
-            start = frame.end()
-            end = start + int(length)
-            if end + 2 > size:
-                return pos, True
-            try:
-                entry[1](subject, data[start:end], None)
-            except Exception:  # an escape would end nats-py's read loop, silently
-                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
-            pos = end + 2
-        return pos, False

@@ -28,7 +28,8 @@ ROOT = compiled.ROOT
 UNIT_TESTS = ("tests/core", "tests/transforms", "tests/connectors/postgres/test_decoder.py",
               "tests/connectors/postgres/test_types.py", "tests/connectors/postgres/test_pgoutput_reference.py",
               "tests/connectors/postgres/test_json.py", "tests/connectors/postgres/test_source_values.py",
-              "tests/connectors/nats/test_window.py", "tests/connectors/nats/test_acks.py")
+              "tests/connectors/nats/test_window.py", "tests/connectors/nats/test_acks.py",
+              "tests/connectors/nats/test_direct_parser.py")
 
 
 def _name(source: str) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import pytest
 
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.publisher import AckPublisher
-from connectors.nats.window import InFlight
+from connectors.nats.window import InFlight, sequence
 from core.errors import NoStreamError
 from core.message import Message
 
@@ -49,3 +52,20 @@ def test_an_ack_without_a_sequence_or_with_an_error_fails_the_message(data: byte
 
 def test_no_responders_is_no_stream() -> None:
     assert isinstance(_ack(b"", b"NATS/1.0 503\r\n\r\n").error, NoStreamError)
+
+
+#: What an ack's sequence was read with before it was read by hand.
+_PATTERN = re.compile(rb'"seq":\s*(\d+)')
+#: Pieces an ack is made of, and what could confuse a reading of it.
+_PIECES = [b'"seq":', b'"seq"', b":", b" ", b"\t", b"\n", b"\x0b", b"\x0c", b"\r", b"\x1c", b"0", b"7", b"12",
+           b"9007199254740993", b"-", b"/", b"x", b'"', b"\xd9"]
+
+
+def test_the_sequence_is_read_as_the_pattern_reads_it() -> None:
+    """Every string of up to three pieces, after an ack's start and before its end."""
+    for n in range(4):
+        for pieces in itertools.product(_PIECES, repeat=n):
+            data = b'{"stream":"W",' + b"".join(pieces) + b"}"
+            found = _PATTERN.search(data)
+            assert sequence(data) == (int(found.group(1)) if found is not None else -1), data
+            assert sequence(b"".join(pieces)) == (int(m.group(1)) if (m := _PATTERN.search(b"".join(pieces))) else -1)

@@ -4,6 +4,8 @@ same order, for any mix of frames cut into reads anywhere; no servers."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 from itertools import pairwise
 from typing import Any
 
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from nats.aio.subscription import Subscription
 from nats.protocol.parser import Parser
 
+from connectors.nats.frames import direct_frames
 from connectors.nats.natspy import DirectParser, WalflowClient
 
 DIRECT, OTHER = 7, 9
@@ -115,3 +118,57 @@ def test_a_handler_that_raises_is_logged_and_the_frames_after_it_still_arrive() 
     client._direct[DIRECT] = (client._direct[DIRECT][0], handler)
     asyncio.run(_feed(client._ps, [_ack(1) + _ack(2)]))
     assert len(seen) == 2
+
+
+#: How a direct frame's control line was read before it was read byte by byte.
+_CONTROL = re.compile(rb"MSG (\S+) (\d+) (\d+)\r\n")
+#: A control line's parts, each with what nats-server writes first and near misses after it.
+_PARTS: list[list[bytes]] = [
+    [b"MSG ", b"MSG", b"MSG  ", b"HMSG ", b"MSg ", b"MSG\t", b"MSG.", b"MSG\r\n"],
+    [b"_INBOX.x.1", b"", b"a\tb", b"a\x0bb", b"a\x0cb", b"a\rb", b"a\nb", b"\x1f", b"\xff", b"\x08", b"\x0e", b"7"],  # subject
+    [b" ", b"", b"  ", b"\t"],
+    [b"7", b"9", b"07", b"0", b"", b"-1", b"x", b"\xd9", b"7a"],  # the sid: 7 is the direct one
+    [b" ", b"", b"  ", b"\t"],
+    [b"3", b"0", b"12", b"", b"-1", b"x", b"\xd9", b"+3", b"/", b":"],  # the size
+    [b"\r\n", b"\r", b"\n", b"", b" \r\n", b"\n\r"],
+    [b"abc\r\n", b"", b"ab", b"abc\r"],  # the payload and its end
+]
+
+
+def _lines_off_in_at_most_two_parts() -> list[bytes]:
+    good = [part[0] for part in _PARTS]
+    lines = [b"".join(good)]
+    for a, b in itertools.combinations(range(len(_PARTS)), 2):
+        for miss_a in _PARTS[a]:
+            for miss_b in _PARTS[b]:
+                line = list(good)
+                line[a], line[b] = miss_a, miss_b
+                lines.append(b"".join(line))
+    return lines
+
+
+def _by_pattern(data: bytes, direct: dict[int, Any]) -> tuple[list[tuple[bytes, bytes]], tuple[int, bool]]:
+    """What the frames' regex reading handed on, and where it stopped."""
+    calls: list[tuple[bytes, bytes]] = []
+    pos = 0
+    while (frame := _CONTROL.match(data, pos)) is not None:
+        subject, sid, length = frame.groups()
+        if int(sid) not in direct:
+            break
+        end = frame.end() + int(length)
+        if end + 2 > len(data):
+            return calls, (pos, True)
+        calls.append((subject, data[frame.end() : end]))
+        pos = end + 2
+    return calls, (pos, False)
+
+
+def test_direct_frames_reads_a_control_line_as_the_pattern_did() -> None:
+    """Every line off in at most two parts, alone and before a direct ack."""
+    for line in _lines_off_in_at_most_two_parts():
+        for data in (line, line + _ack(5)):
+            calls: list[tuple[bytes, bytes]] = []
+            record = calls.append
+            direct: dict[int, Any] = {DIRECT: (None, lambda subject, payload, _, record=record: record((subject, payload)))}
+            stopped = direct_frames(data, direct)
+            assert (calls, stopped) == _by_pattern(data, direct), data
