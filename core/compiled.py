@@ -35,6 +35,7 @@ MODULES: Final = (
     "connectors/postgres/decoder.py",
     "connectors/postgres/types.py",
     "core/ids.py",
+    "core/metrics.py",
     "core/message.py",
     "core/wire.py",
     "transforms/columns.py",

@@ -232,9 +232,7 @@ class AtomicPublisher(AckPublisher):
             return kind(description, str(code))
         now = time.time()
         for message in batch:
-            self._acked[message.labels] += 1
-            if committed := message.commit_ts:
-                self._observe_latency(now - committed)
+            self._window.count(message, now)
         self._acked_at(ack["seq"], batch[-1].msg_id)
         return None
 

@@ -110,8 +110,6 @@ class AckPublisher:
         self._ack_timeout = ack_timeout
         self._label = label
         self._inbox = nc.new_inbox()
-        #: The messages in flight and held back (nothing of it waits on I/O: compiled with the hot path).
-        self._window = Window(f"{self._inbox}.".encode())
         #: A release of held messages is scheduled (an ack freed a row of theirs), and the task.
         self._release: asyncio.Task[None] | None = None
         self._settling = False  # settle re-sends failures ahead of held messages: no release meanwhile
@@ -132,9 +130,10 @@ class AckPublisher:
         self._metrics = metrics
         self._published: CounterBatch[tuple[str, str]] = CounterBatch(
             metrics.changes_published, lambda labels: (sink, *labels))
-        self._acked = self._published.counts  # by the message's labels, in _on_ack
         self._latency = metrics.commit_to_ack.batch(sink)
-        self._observe_latency = self._latency.observe  # bound once: _on_ack runs per message
+        #: The messages in flight and held back, and the count of those stored (nothing of it
+        #: waits on I/O: compiled with the hot path).
+        self._window = Window(f"{self._inbox}.".encode(), self._published.counts, self._latency)
         self._window_wait = metrics.backpressure.labels("sink_window")
         metrics.track_window(sink, lambda: len(self._window.inflight), window)
 
@@ -420,13 +419,9 @@ class AckPublisher:
         entry, stored, unfenced = self._window.acked(subject, data)
         if entry is None:
             return  # not ours, or an ack for a message already given up on (and re-sent)
-        if stored:
-            message = entry.message
+        if stored:  # and counted, by the window
             if unfenced and unfenced in self._window.held_rows and self._release is None and not self._settling:
                 self._release = asyncio.get_running_loop().create_task(self._release_held())
-            self._acked[message.labels] += 1
-            if committed := message.commit_ts:  # 0.0 for a backfill's read
-                self._observe_latency(time.time() - committed)
         else:
             entry.error = _ack_error(entry.published_on, data, headers)
             self._failed = True

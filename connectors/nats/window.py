@@ -11,11 +11,13 @@ stays the publisher's.
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from typing import Final
 
 from core.errors import PublishError, PublishRefused
 from core.message import Message
+from core.metrics import HistogramBatch
 
 #: An ``HPUB`` command, as the NATS protocol spells it, is ``HPUB``, its subject, its reply
 #: subject (:meth:`Window.commands`), then this: the header block's size and the whole size,
@@ -64,7 +66,10 @@ class Window:
     subject, until its ack; ``rows`` each row's message in flight; ``held`` (in order) the messages
     whose row has one in flight or held, ``held_rows`` how many each row has held."""
 
-    def __init__(self, reply_prefix: bytes) -> None:
+    def __init__(self, reply_prefix: bytes, counts: dict[tuple[str, str], int] | None = None,
+                 latency: HistogramBatch | None = None) -> None:
+        """``counts`` and ``latency``: where the publisher's metrics count the stored messages,
+        by their labels, and observe their commit → ack latency (:meth:`count`)."""
         #: Every ack's subject: this prefix (the inbox and a dot) and the message's token, a
         #: number counted up; ``waiting`` is keyed by that subject, as the ack comes back on it.
         self.reply_prefix = reply_prefix
@@ -74,11 +79,22 @@ class Window:
         self.held: list[InFlight] = []
         self.held_rows: dict[int, int] = {}
         self.inflight: deque[InFlight] = deque()
+        self.counts: dict[tuple[str, str], int] = {} if counts is None else counts
+        self.latency = latency
 
     def next_reply(self) -> bytes:
         """A reply subject no message of this window had: the prefix and the next token."""
         self.token += 1
         return self.reply_prefix + str(self.token).encode()
+
+    def count(self, message: Message, now: float) -> None:
+        """``message`` was stored at ``now`` (Unix seconds): counted by its labels, and its commit
+        → ack latency observed (a backfill's read has no commit time). Here, once per ack, for
+        the same reason as the rest of the window: it is compiled."""
+        labels = message.labels
+        self.counts[labels] = self.counts.get(labels, 0) + 1
+        if self.latency is not None and (committed := message.commit_ts):
+            self.latency.observe(now - committed)
 
     def commands(self, entries: list[InFlight], max_payload: int) -> tuple[bytes, int, int]:
         """The ``HPUB`` commands of ``entries`` as one block, each put in the window as it is
@@ -127,6 +143,7 @@ class Window:
         if seq < 0 or (data.find(b'"error"') >= 0 and _ERROR.search(data) is not None):
             return entry, False, 0
         entry.seq = seq
+        self.count(entry.message, time.time())
         row = entry.message.row
         if row and self.rows.get(row) is entry:
             del self.rows[row]  # the row's next message may go: now, not at the next batch
