@@ -207,7 +207,8 @@ def _publish(passes: int) -> int:
     async def run() -> None:
         nonlocal stored
         publisher = AckPublisher(wire, window=1000, ack_timeout=5.0, label="bench")  # type: ignore[arg-type]
-        direct: dict[int, Any] = {1: (None, publisher._on_ack)}
+        acks = getattr(publisher, "_acks", None) or getattr(publisher, "_on_ack")  # noqa: B009 - a tree before 2026-12-07
+        direct: dict[int, Any] = {1: (None, acks)}
         parser = DirectParser(wire, direct)  # type: ignore[arg-type]
         waiting = publisher._window.waiting
         for _ in range(passes):

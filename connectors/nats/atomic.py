@@ -79,6 +79,7 @@ class AtomicPublisher(AckPublisher):
         """``options``: :class:`~connectors.nats.publisher.AckPublisher`'s (its ``window`` goes
         unused: one batch is in flight)."""
         super().__init__(nc, **options)
+        self._acks = self._on_ack  # only a batch's commit is answered: not the window's per-message acks
         #: Whole units not yet sent, and their size: sent as one batch.
         self._ready: list[Message] = []
         self._ready_bytes = 0

@@ -37,6 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
+from connectors.nats.frames import DirectHandler
 from connectors.nats.natspy import WalflowClient
 from connectors.nats.regression import LOOK_EVERY, Acked, AckTimes, Regression
 from connectors.nats.window import HEADERS_SIZE, InFlight, Window
@@ -133,12 +134,14 @@ class AckPublisher:
         self._latency = metrics.commit_to_ack.batch(sink)
         #: The messages in flight and held back, and the count of those stored (nothing of it
         #: waits on I/O: compiled with the hot path).
-        self._window = Window(f"{self._inbox}.".encode(), self._published.counts, self._latency)
+        self._window = Window(f"{self._inbox}.".encode(), self._published.counts, self._latency, self._noticed)
+        #: What the acks on the inbox are handed to, straight from the wire.
+        self._acks: DirectHandler = self._window.on_ack
         self._window_wait = metrics.backpressure.labels("sink_window")
         metrics.track_window(sink, lambda: len(self._window.inflight), window)
 
     async def start(self) -> None:
-        self._sid = await self._nc.subscribe_direct(f"{self._inbox}.*", self._on_ack)
+        self._sid = await self._nc.subscribe_direct(f"{self._inbox}.*", self._acks)
 
     async def close(self) -> None:
         if self._sid is not None:
@@ -346,6 +349,7 @@ class AckPublisher:
             return True
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wake = (entry, wake)
+        self._window.awaited = entry
         deadline = time.monotonic() + timeout
         try:
             while (left := deadline - time.monotonic()) > 0 and not self._connection_lost():
@@ -358,6 +362,7 @@ class AckPublisher:
             return entry.done
         finally:
             self._wake = None
+            self._window.awaited = None
 
     async def _release_held(self) -> None:
         """Send the held messages an ack freed, between batches (a write or a snapshot may be a
@@ -414,12 +419,10 @@ class AckPublisher:
                      self._label, len(failed) - len(kept))
         return kept
 
-    def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
-        """An ack (or an error) for one message, read straight from the wire."""
-        entry, stored, unfenced = self._window.acked(subject, data)
-        if entry is None:
-            return  # not ours, or an ack for a message already given up on (and re-sent)
-        if stored:  # and counted, by the window
+    def _noticed(self, entry: InFlight, stored: bool, unfenced: int, data: bytes, headers: bytes | None) -> None:
+        """An ack the window told of (:meth:`~connectors.nats.window.Window.on_ack`): the others
+        are stored, counted and no one waits for them."""
+        if stored:
             if unfenced and unfenced in self._window.held_rows and self._release is None and not self._settling:
                 self._release = asyncio.get_running_loop().create_task(self._release_held())
         else:

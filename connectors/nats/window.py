@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 from core.errors import PublishError, PublishRefused
@@ -59,6 +60,10 @@ class InFlight:
         return InFlight(self.message, self.first_sent, self.floor_seq)
 
 
+#: How a window tells its publisher of an ack (:meth:`Window.on_ack`).
+Notify = Callable[[InFlight, bool, int, bytes, bytes | None], None]
+
+
 class Window:
     """One publisher's messages in flight and held back, and the reply subjects its acks name them by.
 
@@ -67,9 +72,10 @@ class Window:
     whose row has one in flight or held, ``held_rows`` how many each row has held."""
 
     def __init__(self, reply_prefix: bytes, counts: dict[tuple[str, str], int] | None = None,
-                 latency: HistogramBatch | None = None) -> None:
+                 latency: HistogramBatch | None = None, notify: Notify | None = None) -> None:
         """``counts`` and ``latency``: where the publisher's metrics count the stored messages,
-        by their labels, and observe their commit → ack latency (:meth:`count`)."""
+        by their labels, and observe their commit → ack latency (:meth:`count`). ``notify``: the
+        publisher, told of the acks it must act on (:meth:`on_ack`)."""
         #: Every ack's subject: this prefix (the inbox and a dot) and the message's token, a
         #: number counted up; ``waiting`` is keyed by that subject, as the ack comes back on it.
         self.reply_prefix = reply_prefix
@@ -81,6 +87,9 @@ class Window:
         self.inflight: deque[InFlight] = deque()
         self.counts: dict[tuple[str, str], int] = {} if counts is None else counts
         self.latency = latency
+        self.notify = notify
+        #: The entry whose ack the publisher waits for (None: none).
+        self.awaited: InFlight | None = None
 
     def next_reply(self) -> bytes:
         """A reply subject no message of this window had: the prefix and the next token."""
@@ -129,6 +138,17 @@ class Window:
             pieces += (b"HPUB ", message.subject, b" ", reply, _SIZES % (headers, size), msg_id, b"\r\n", extra,
                        b"\r\n", payload, b"\r\n")
         return b"".join(pieces), sent, taken
+
+    def on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
+        """The handler of the publisher's acks, read straight from the wire: each is matched and
+        counted here (:meth:`acked`), and ``notify`` hears only of those it must act on — a
+        failure, the ack it waits for (:attr:`awaited`), a row fence lifted while that row has
+        messages held — with the ack's entry, whether it was stored, the row, its data and headers."""
+        entry, stored, unfenced = self.acked(subject, data)
+        if entry is None or self.notify is None:
+            return
+        if not stored or entry is self.awaited or (unfenced and unfenced in self.held_rows):
+            self.notify(entry, stored, unfenced, data, headers)
 
     def acked(self, subject: bytes, data: bytes) -> tuple[InFlight | None, bool, int]:
         """The entry an ack on ``subject`` is for, out of ``waiting`` (None: none waits for it, a

@@ -1,4 +1,4 @@
-"""AckPublisher._on_ack (its window's ``acked``) on the acks JetStream writes, read straight from the wire; no servers."""
+"""How an AckPublisher takes the acks JetStream writes (its window's ``on_ack``), read straight from the wire; no servers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _ack(data: bytes, headers: bytes | None = None) -> InFlight:
     entry = InFlight(MESSAGE, 0.0, 0)
     reply = publisher._window.reply_prefix + b"3"
     publisher._window.waiting[reply] = entry
-    publisher._on_ack(reply, data, headers)
+    publisher._acks(reply, data, headers)
     assert reply not in publisher._window.waiting
     return entry
 
