@@ -2,7 +2,8 @@
 
 :class:`connectors.nats.natspy.DirectParser` hands each read here first: nearly every frame
 walflow receives is a JetStream ack, and this loop runs once per ack. It is compiled with the
-hot path (``core/compiled.py``), which is why it lives apart from the nats-py hooks.
+hot path (``core/compiled.py``), which is why it lives apart from the nats-py hooks; so are
+the byte readers it shares with the window's reading of an ack's sequence.
 """
 
 from __future__ import annotations
@@ -17,14 +18,20 @@ log = logging.getLogger("walflow.nats")
 DirectHandler = Callable[[bytes, bytes, bytes | None], None]
 
 
-def _digits(data: bytes, i: int, size: int) -> int:
-    """Where the run of ASCII digits at ``i`` in ``data`` ends (``i`` itself: none)."""
+def is_space(byte: int) -> bool:
+    """Whether ``byte`` is what a bytes pattern's ``\\s`` matches: space, ``\\t \\n \\v \\f \\r``."""
+    return byte == 32 or 9 <= byte <= 13
+
+
+def digits_end(data: bytes, i: int, size: int) -> int:
+    """Where the run of ASCII digits at ``i`` in ``data`` ends (``i`` itself: none; ``\\d+``)."""
     while i < size and 48 <= data[i] <= 57:
         i += 1
     return i
 
 
-def _number(data: bytes, start: int, end: int) -> int:
+def decimal(data: bytes, start: int, end: int) -> int:
+    """The number the ASCII digits ``data[start:end]`` write."""
     value = 0
     for i in range(start, end):
         value = value * 10 + data[i] - 48
@@ -45,22 +52,22 @@ def direct_frames(data: bytes, direct: dict[int, tuple[Any, DirectHandler]]) -> 
     size, pos = len(data), 0
     while pos + 4 <= size and data[pos] == 77 and data[pos + 1] == 83 and data[pos + 2] == 71 and data[pos + 3] == 32:
         i = pos + 4  # "MSG " read: the subject, up to a space; \S+
-        while i < size and data[i] != 32 and not 9 <= data[i] <= 13:
+        while i < size and data[i] != 32 and not 9 <= data[i] <= 13:  # not is_space, inline: per subject byte
             i += 1
         subject_end = i
         if subject_end == pos + 4 or i >= size or data[i] != 32:
             break
-        sid_end = _digits(data, i + 1, size)
+        sid_end = digits_end(data, i + 1, size)
         if sid_end == i + 1 or sid_end >= size or data[sid_end] != 32:
             break
-        length_end = _digits(data, sid_end + 1, size)
+        length_end = digits_end(data, sid_end + 1, size)
         if length_end == sid_end + 1 or length_end + 1 >= size or data[length_end] != 13 or data[length_end + 1] != 10:
             break
-        entry = direct.get(_number(data, i + 1, sid_end))
+        entry = direct.get(decimal(data, i + 1, sid_end))
         if entry is None:
             break
         start = length_end + 2
-        end = start + _number(data, sid_end + 1, length_end)
+        end = start + decimal(data, sid_end + 1, length_end)
         if end + 2 > size:
             return pos, True
         subject = data[pos + 4 : subject_end]

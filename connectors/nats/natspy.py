@@ -138,7 +138,6 @@ def check() -> None:
 check()
 
 
-
 class TlsNotStarted(nats.errors.Error):
     """A connection walflow gave a TLS context to is not TLS when its ``CONNECT`` is due: nothing
     was sent, credentials least of all. A ``nats.errors.Error``, so nats-py's connect loop hands

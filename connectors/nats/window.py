@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from connectors.nats.frames import decimal, digits_end, is_space
 from core.errors import PublishError, PublishRefused
 from core.message import Message
 from core.metrics import HistogramBatch
@@ -177,15 +178,12 @@ def sequence(data: bytes) -> int:
     match object and group cost more than the ack's whole handling otherwise."""
     size, at = len(data), data.find(_SEQ)
     while at >= 0:
-        i = at + len(_SEQ)
-        while i < size and (data[i] == 32 or 9 <= data[i] <= 13):  # \s: space, \t \n \v \f \r
-            i += 1
-        start, value = i, 0
-        while i < size and 48 <= data[i] <= 57:
-            value = value * 10 + data[i] - 48
-            i += 1
-        if i > start:
-            return value
+        start = at + len(_SEQ)
+        while start < size and is_space(data[start]):
+            start += 1
+        end = digits_end(data, start, size)
+        if end > start:
+            return decimal(data, start, end)
         at = data.find(_SEQ, at + 1)
     return -1
 
